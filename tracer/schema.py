@@ -1,0 +1,173 @@
+"""The span record, the stage vocabulary, event names and TTFT boundaries.
+
+This module is the one place every other module takes these definitions from
+(DESIGN.md, "The span record", "Stages", "TTFT windows"). It imports nothing of ttft and
+no torch, so every tool that only reads traces stays light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import pyarrow as pa
+
+SCHEMA_VERSION: Final[int] = 1
+"""Bumped whenever a column is added, removed or changes meaning."""
+
+METADATA_KEY: Final[bytes] = b"ttft"
+"""Parquet key-value metadata key holding the run metadata (a JSON object)."""
+
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+SPAN_SCHEMA: Final[pa.Schema] = pa.schema(
+    [
+        pa.field("trace_id", pa.string(), nullable=False),
+        pa.field("span_id", pa.string()),
+        pa.field("parent_id", pa.string()),
+        pa.field("request_id", pa.string()),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("stage", _DICT, nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("clock", _DICT, nullable=False),
+        pa.field("service", _DICT, nullable=False),
+        pa.field("attributes", pa.string()),
+    ]
+)
+"""One row per span or point event; see DESIGN.md for the meaning of each column."""
+
+COLUMNS: Final[tuple[str, ...]] = tuple(SPAN_SCHEMA.names)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One canonical stage.
+
+    Attributes:
+        name: the value stored in the ``stage`` column.
+        level: ``request`` (lives in the request's trace), ``engine`` (serves many
+            requests, lives in the engine's trace), ``derived`` (made by analysis) or
+            ``any``.
+        priority: exclusive-attribution priority; higher wins a contested segment.
+            ``None`` for stages that never take window time themselves.
+        meaning: one line for help texts and reports.
+    """
+
+    name: str
+    level: str
+    priority: int | None
+    meaning: str
+
+
+STAGES: Final[tuple[Stage, ...]] = (
+    Stage("client", "request", 1, "client span: request handed to the HTTP client to last byte"),
+    Stage("connect", "request", 2, "TCP/TLS connect when a new connection was opened"),
+    Stage("server", "request", 3, "request at the server, received to response end"),
+    Stage("tokenize", "request", 9, "prompt to token ids"),
+    Stage("queue", "request", 6, "waiting for admission into the running batch"),
+    Stage("schedule", "request", 7, "scheduler CPU work of the iteration admitting the request"),
+    Stage("prefill", "request", 5, "envelope from the first prefill chunk to the last"),
+    Stage("prefill.chunk", "request", 11, "an iteration that carried a chunk of the prompt"),
+    Stage("sample", "request", 10, "logits of the last prompt position to the first token id"),
+    Stage("detokenize", "request", 9, "first token id to text"),
+    Stage("stream", "request", 8, "writing the first body chunk that carries a token"),
+    Stage("step", "engine", None, "one engine iteration (used by blame, never takes time)"),
+    Stage("forward", "engine", 12, "host side of one forward pass"),
+    Stage("gpu", "engine", 13, "device execution of a forward pass, on the host clock"),
+    Stage("network", "derived", None, "client window outside the server's own window"),
+    Stage("unattributed", "derived", None, "window time that no span covers"),
+    Stage("other", "any", 4, "a span whose stage is not known"),
+    Stage("event", "any", None, "a point event (start_ns == end_ns)"),
+)
+"""The stage vocabulary of DESIGN.md; priorities encode the exclusive order
+``gpu > forward > prefill.chunk > sample > detokenize = tokenize > stream > schedule >
+queue > prefill > other > server > connect > client``."""
+
+STAGE_BY_NAME: Final[dict[str, Stage]] = {s.name: s for s in STAGES}
+STAGE_NAMES: Final[tuple[str, ...]] = tuple(s.name for s in STAGES)
+PRIORITY: Final[dict[str, int]] = {s.name: s.priority for s in STAGES if s.priority is not None}
+REQUEST_STAGES: Final[frozenset[str]] = frozenset(s.name for s in STAGES if s.level == "request")
+ENGINE_STAGES: Final[frozenset[str]] = frozenset(s.name for s in STAGES if s.level == "engine")
+DERIVED_STAGES: Final[frozenset[str]] = frozenset(("network", "unattributed"))
+
+# Event names (rows with stage "event"; the name column holds the event name).
+EV_FIRST_TOKEN: Final = "first_token"
+"""client: first chunk with non-empty ``text`` or ``delta.content`` received."""
+EV_FIRST_BYTE: Final = "first_byte"
+"""server: end of the ``stream`` span, the first body chunk carrying a token handed over."""
+EV_FIRST_SAMPLED: Final = "first_sampled"
+"""engine: first token id sampled."""
+EV_TOKEN: Final = "token"
+"""client: each later token (or chunk of tokens) received after ``first_token``."""
+CLIENT_EVENTS: Final[tuple[str, ...]] = (
+    "scheduled",
+    "sent",
+    "headers",
+    "first_chunk",
+    "first_event",
+    "role_chunk",
+    EV_FIRST_TOKEN,
+    EV_TOKEN,
+)
+BOUNDARY_EVENTS: Final[tuple[str, ...]] = (EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED)
+
+# Attribute keys that analysis reads from the JSON ``attributes`` column.
+ATTR_STEP_ID: Final = "step_id"
+ATTR_CACHED_TOKENS: Final = "cached_tokens"
+ATTR_PROMPT_TOKENS: Final = "prompt_tokens"
+ATTR_CHUNK_TOKENS: Final = "chunk_tokens"
+ATTR_CONTEXT_TOKENS: Final = "context_tokens"
+ATTR_REQUEST_IDS: Final = "request_ids"
+ATTR_PREFILL_TOKENS: Final = "prefill_tokens"
+ATTR_DECODE_TOKENS: Final = "decode_tokens"
+ATTR_STAGE: Final = "ttft.stage"
+"""OpenTelemetry span attribute naming the stage explicitly."""
+
+CLIENT_CLOCK: Final = "client"
+"""The ``clock`` value of spans measured by the client (load generator)."""
+
+CONDITIONS: Final[tuple[str, ...]] = ("cold", "prefix_hit")
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """Where a TTFT window starts and ends (DESIGN.md, "TTFT windows")."""
+
+    name: str
+    start: str
+    end: str
+    root: str
+
+
+BOUNDARIES: Final[tuple[Boundary, ...]] = (
+    Boundary("client", "start of the client span", "the first_token event", "the client span"),
+    Boundary("server", "start of the server span", "the first_byte event", "the server span"),
+    Boundary(
+        "engine",
+        "start of tokenize (else queue)",
+        "first_sampled (else end of the first sample)",
+        "a virtual root covering the window",
+    ),
+)
+"""Outermost first: the default boundary of a trace is the first one that at least one of
+its requests supports."""
+BOUNDARY_NAMES: Final[tuple[str, ...]] = tuple(b.name for b in BOUNDARIES)
+POLICIES: Final[tuple[str, ...]] = ("exclusive", "shared", "critical-path")
+
+ROOT_ONLY_STAGE: Final[dict[str, str]] = {
+    "client": "network",
+    "server": "server",
+    "engine": "unattributed",
+}
+"""The stage that receives window time covered by the window's root alone."""
+
+
+def stage_of(name: str) -> str:
+    """Map a span name to a canonical stage: the name itself if it is one, else ``other``."""
+    return name if name in STAGE_BY_NAME else "other"
+
+
+def empty_table() -> pa.Table:
+    """A table with the span schema and no rows."""
+    return SPAN_SCHEMA.empty_table()
