@@ -1,0 +1,387 @@
+"""Assemble a span table into requests: grouping, the step-id join, trees and windows.
+
+Pure function over an Arrow table (no I/O). The rules are in docs/attribution.md
+("Requests", "Windows", "The tree"): traces become requests (traces sharing a
+``request_id`` are one request), engine ``gpu`` spans are copied into the requests whose
+``prefill.chunk`` spans carry the same ``(service, step_id)``, parents are resolved
+inside each request, and the TTFT windows of all three boundaries are computed.
+Everything is vectorized over requests (see ``_buckets``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ttft.analysis import _columns as col
+from ttft.analysis._buckets import iter_blocks, take_rows
+from ttft.analysis.quality import Quality
+from ttft.tracer.schema import (
+    ATTR_CACHED_TOKENS,
+    ATTR_STEP_ID,
+    BOUNDARY_EVENTS,
+    BOUNDARY_NAMES,
+    CLIENT_CLOCK,
+    EV_FIRST_BYTE,
+    EV_FIRST_SAMPLED,
+    EV_FIRST_TOKEN,
+    EV_TOKEN,
+    REQUEST_STAGES,
+    STAGE_NAMES,
+)
+
+NONE_NS = np.iinfo(np.int64).min
+"""Marks a window end that does not exist."""
+_MAX_NS = np.iinfo(np.int64).max
+
+CODE = {name: i for i, name in enumerate(STAGE_NAMES)}
+"""Stage name → small integer code used in the arrays."""
+N_STAGES = len(STAGE_NAMES)
+
+
+@dataclass
+class Spans:
+    """Request-level spans (plus joined ``gpu`` copies), sorted by request.
+
+    All arrays have one entry per span; ``parent`` is the column of the parent inside the
+    request's block (``-1`` = none), ``depth`` the number of ancestors, ``keep`` false for
+    duplicate span ids.
+    """
+
+    req: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    stage: np.ndarray
+    client: np.ndarray
+    sid: np.ndarray
+    parent: np.ndarray
+    depth: np.ndarray
+    keep: np.ndarray
+    counts: np.ndarray
+    offsets: np.ndarray
+
+
+@dataclass
+class Assembly:
+    """Everything attribution and summaries need, with the defects found on the way.
+
+    ``requests`` has one row per request: ``trace_id``, ``request_id``, ``condition``
+    (``cold``, ``prefix_hit`` or None) and, per boundary ``X``, ``X_a`` / ``X_b`` window
+    ends (``NONE_NS`` where missing) plus ``client_root`` / ``server_root`` (column of
+    the root span in its request's block, -1) and ``server_window_end`` (where server-side
+    spans are cut in the client boundary).
+    """
+
+    requests: pd.DataFrame
+    spans: Spans
+    token_req: np.ndarray
+    token_ns: np.ndarray
+    quality: Quality
+
+    def has_window(self, boundary: str) -> np.ndarray:
+        a = self.requests[f"{boundary}_a"].to_numpy()
+        b = self.requests[f"{boundary}_b"].to_numpy()
+        return (a != NONE_NS) & (b != NONE_NS) & (b >= a)
+
+    def default_boundary(self) -> str:
+        """The outermost boundary that at least one request supports (else ``engine``)."""
+        for name in BOUNDARY_NAMES:
+            if self.has_window(name).any():
+                return name
+        return BOUNDARY_NAMES[-1]
+
+
+def _examples(values: list[str], codes: np.ndarray) -> list[str]:
+    return [values[int(c)] for c in codes[:3] if c >= 0]
+
+
+def assemble(table: pa.Table) -> Assembly:
+    """Group a span table (``tracer.schema.SPAN_SCHEMA``) into requests."""
+    quality = Quality()
+    n = table.num_rows
+    trace, trace_values = col.codes(table.column("trace_id"))
+    start = col.int64(table.column("start_ns"))
+    end = col.int64(table.column("end_ns"))
+    stage_raw, stage_values = col.codes(table.column("stage"))
+    lut = np.array([CODE.get(v, CODE["other"]) for v in stage_values] + [CODE["other"]])
+    stage = lut[stage_raw].astype(np.int8)
+    clock_raw, clock_values = col.codes(table.column("clock"))
+    is_client = np.isin(clock_raw, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK])
+
+    present = (trace >= 0) & ~_nulls(table, "start_ns") & ~_nulls(table, "end_ns")
+    quality.add(
+        "missing_field", int((~present).sum()), [f"row {i}" for i in np.flatnonzero(~present)[:3]]
+    )
+    backwards = present & (end < start)
+    quality.add("end_before_start", int(backwards.sum()), _examples(trace_values, trace[backwards]))
+    valid = present & ~backwards
+
+    # Event names, only for event rows.
+    is_event = valid & (stage == CODE["event"])
+    ev_rows = np.flatnonzero(is_event)
+    ev_name, ev_values = col.codes(table.column("name").take(pa.array(ev_rows, pa.int64())))
+    ev_kind = np.full(len(ev_values) + 1, -1, np.int8)
+    for i, v in enumerate(ev_values):
+        if v in (EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED, EV_TOKEN):
+            ev_kind[i] = (EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED, EV_TOKEN).index(v)
+    kind = ev_kind[ev_name]  # -1 → last entry, also -1
+
+    # Which traces are requests, and which traces are one request.
+    n_traces = len(trace_values)
+    request_stage = np.isin(stage, [CODE[s] for s in REQUEST_STAGES])
+    marks = valid & request_stage
+    boundary_event = np.zeros(n, bool)
+    boundary_event[ev_rows] = (kind >= 0) & (kind < len(BOUNDARY_EVENTS))
+    trace_is_req = np.zeros(n_traces, bool)
+    trace_is_req[trace[marks | boundary_event]] = True
+    rid, rid_values = col.codes(table.column("request_id"))
+    rid_of_trace = np.full(n_traces, -1, np.int64)
+    with_rid = valid & (rid >= 0) & trace_is_req[np.maximum(trace, 0)]
+    rid_of_trace[trace[with_rid][::-1]] = rid[with_rid][::-1]  # first one wins
+    req_traces = np.flatnonzero(trace_is_req)
+    key = np.where(rid_of_trace >= 0, rid_of_trace, len(rid_values) + np.arange(n_traces))
+    uniq, inv = np.unique(key[req_traces], return_inverse=True)
+    n_req = len(uniq)
+    req_of_trace = np.full(n_traces, -1, np.int64)
+    req_of_trace[req_traces] = inv
+    first_trace = np.full(n_req, n_traces, np.int64)
+    np.minimum.at(first_trace, inv, req_traces)
+    row_req = np.where(valid, req_of_trace[np.maximum(trace, 0)], -1)
+
+    sid_all, has_sid = col.id_values(table.column("span_id"))
+    psid_all, has_psid = col.id_values(table.column("parent_id"))
+
+    # Spans that can take window time: request traces, no events, no steps.
+    span_rows = np.flatnonzero((row_req >= 0) & ~is_event & (stage != CODE["step"]))
+    joined = _join_gpu(table, stage, row_req, valid, span_rows)
+    chunk_rows, gpu_rows = joined
+    rows = np.concatenate([span_rows, gpu_rows])
+    req = np.concatenate([row_req[span_rows], row_req[chunk_rows]])
+    order = col.group_order(req, n_req)
+    rows, req = rows[order], req[order]
+    n_plain = len(span_rows)
+    is_copy = order >= n_plain
+    parent_rows = np.concatenate([span_rows, chunk_rows])[order]
+    psid = np.where(is_copy, sid_all[parent_rows], psid_all[rows])
+    has_parent = np.where(is_copy, True, has_psid[rows])
+    counts = np.bincount(req, minlength=n_req)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    spans = Spans(
+        req=req,
+        start_ns=start[rows],
+        end_ns=end[rows],
+        stage=np.where(is_copy, CODE["gpu"], stage[rows]).astype(np.int8),
+        client=is_client[rows],
+        sid=sid_all[rows],
+        parent=np.full(len(rows), -1, np.int32),
+        depth=np.zeros(len(rows), np.int16),
+        keep=np.ones(len(rows), bool),
+        counts=counts,
+        offsets=offsets,
+    )
+    windows = _resolve_trees(spans, has_sid[rows], psid, has_parent, n_req)
+    _add_tree_examples(quality, windows, trace_values, first_trace)
+
+    # Events: boundary ends and client token times.
+    ev_req = row_req[ev_rows]
+    ev_t = start[ev_rows]
+    firsts = {}
+    for i, name in enumerate((EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED)):
+        m = (kind == i) & (ev_req >= 0)
+        out = np.full(n_req, _MAX_NS, np.int64)
+        np.minimum.at(out, ev_req[m], ev_t[m])
+        firsts[name] = np.where(out == _MAX_NS, NONE_NS, out)
+    tok = ((kind == 0) | (kind == 3)) & (ev_req >= 0) & is_client[ev_rows]
+    token_req, token_ns = ev_req[tok], ev_t[tok]
+
+    requests = _windows(windows, firsts, n_req)
+    requests.insert(0, "trace_id", [trace_values[t] for t in first_trace])
+    requests.insert(1, "request_id", _request_ids(uniq, rid_values))
+    requests.insert(2, "condition", _conditions(table, row_req, valid, n_req))
+    clock_shift = (
+        (requests["client_root"].to_numpy() >= 0)
+        & (requests["server_root"].to_numpy() >= 0)
+        & (
+            (windows["server_start"] < windows["client_start"])
+            | (windows["server_end"] > windows["client_end"])
+        )
+    )
+    quality.add("clock_shift", int(clock_shift.sum()), requests["trace_id"][clock_shift][:3])
+    return Assembly(requests, spans, token_req, token_ns, quality)
+
+
+def _nulls(table: pa.Table, name: str) -> np.ndarray:
+    column = table.column(name)
+    if column.null_count == 0:
+        return np.zeros(table.num_rows, bool)
+    return np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _join_gpu(
+    table: pa.Table,
+    stage: np.ndarray,
+    row_req: np.ndarray,
+    valid: np.ndarray,
+    span_rows: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(chunk row, gpu row)`` of request chunks and engine-trace gpu spans that
+    share ``(service, step_id)``."""
+    chunks = span_rows[stage[span_rows] == CODE["prefill.chunk"]]
+    gpus = np.flatnonzero(valid & (row_req < 0) & (stage == CODE["gpu"]))
+    empty = np.empty(0, np.int64)
+    if len(chunks) == 0 or len(gpus) == 0:
+        return empty, empty
+    service, _ = col.codes(table.column("service"))
+    attrs = table.column("attributes")
+    left = pd.DataFrame(
+        {
+            "svc": service[chunks],
+            "step": col.int_attribute(attrs, chunks, ATTR_STEP_ID),
+            "c": chunks,
+        }
+    )
+    right = pd.DataFrame(
+        {"svc": service[gpus], "step": col.int_attribute(attrs, gpus, ATTR_STEP_ID), "g": gpus}
+    )
+    pairs = left[left.step >= 0].merge(right[right.step >= 0], on=["svc", "step"])
+    return pairs["c"].to_numpy(np.int64), pairs["g"].to_numpy(np.int64)
+
+
+def _resolve_trees(
+    spans: Spans,
+    has_sid: np.ndarray,
+    psid: np.ndarray,
+    has_parent: np.ndarray,
+    n_req: int,
+) -> dict[str, np.ndarray]:
+    """Fill ``parent``, ``depth`` and ``keep`` per request block; return the roots and the
+    span-derived window ends per request."""
+    out = {
+        name: np.full(n_req, fill, np.int64)
+        for name, fill in (
+            ("client_root", -1),
+            ("client_start", NONE_NS),
+            ("client_end", NONE_NS),
+            ("server_root", -1),
+            ("server_start", NONE_NS),
+            ("server_end", NONE_NS),
+            ("tokenize_start", NONE_NS),
+            ("queue_start", NONE_NS),
+            ("sample_end", NONE_NS),
+            ("orphans", 0),
+            ("duplicates", 0),
+            ("outside", 0),
+        )
+    }
+    request_level = np.zeros(N_STAGES + 1, bool)
+    request_level[[CODE[s] for s in REQUEST_STAGES]] = True
+    for ids, pos in iter_blocks(spans.counts, spans.offsets):
+        k = pos.shape[1]
+        sid, hs = spans.sid[pos], has_sid[pos]
+        same = (sid[:, :, None] == sid[:, None, :]) & hs[:, :, None] & hs[:, None, :]
+        dup = np.tril(np.ones((k, k), bool), -1)[None] & same
+        keep = ~dup.any(axis=2)
+        match = (psid[pos][:, :, None] == sid[:, None, :]) & hs[:, None, :] & keep[:, None, :]
+        match &= has_parent[pos][:, :, None]
+        match &= ~np.eye(k, dtype=bool)[None]
+        found = match.any(axis=2)
+        parent = np.where(found, match.argmax(axis=2), -1)
+        depth = np.zeros(parent.shape, np.int16)
+        anc = parent.copy()
+        for _ in range(k):
+            step = anc >= 0
+            if not step.any():
+                break
+            depth += step
+            anc = take_rows(parent, anc, fill=-1)
+        spans.parent[pos] = parent
+        spans.depth[pos] = depth
+        spans.keep[pos] = keep
+        out["orphans"][ids] = (has_parent[pos] & ~found & keep).sum(axis=1)
+        out["duplicates"][ids] = (~keep).sum(axis=1)
+
+        start, end, stage = spans.start_ns[pos], spans.end_ns[pos], spans.stage[pos]
+        for name in ("client", "server"):
+            mine = keep & (stage == CODE[name])
+            first = np.where(mine, start, _MAX_NS).argmin(axis=1)
+            has = mine.any(axis=1)
+            rows = np.arange(len(ids))
+            out[f"{name}_root"][ids] = np.where(has, first, -1)
+            out[f"{name}_start"][ids] = np.where(has, start[rows, first], NONE_NS)
+            out[f"{name}_end"][ids] = np.where(has, end[rows, first], NONE_NS)
+        for name in ("tokenize", "queue"):
+            mine = keep & (stage == CODE[name])
+            earliest = np.where(mine, start, _MAX_NS).min(axis=1)
+            out[f"{name}_start"][ids] = np.where(mine.any(axis=1), earliest, NONE_NS)
+        sample = keep & (stage == CODE["sample"])
+        first = np.where(sample, start, _MAX_NS).argmin(axis=1)
+        out["sample_end"][ids] = np.where(
+            sample.any(axis=1), end[np.arange(len(ids)), first], NONE_NS
+        )
+        # Request-level spans wholly outside their side's root span.
+        client = spans.client[pos]
+        outside = np.zeros(pos.shape, bool)
+        for name, side in (("client", client), ("server", ~client)):
+            root = out[f"{name}_root"][ids][:, None]
+            lo = out[f"{name}_start"][ids][:, None]
+            hi = out[f"{name}_end"][ids][:, None]
+            cand = keep & side & request_level[stage] & (root >= 0)
+            cand &= np.arange(k)[None] != root
+            outside |= cand & ((end < lo) | (start > hi))
+        out["outside"][ids] = outside.sum(axis=1)
+    return out
+
+
+def _add_tree_examples(
+    quality: Quality, found: dict[str, np.ndarray], trace_values: list[str], first: np.ndarray
+) -> None:
+    for defect, key in (
+        ("orphan_parent", "orphans"),
+        ("duplicate_span_id", "duplicates"),
+        ("outside_window", "outside"),
+    ):
+        per = found[key]
+        hit = np.flatnonzero(per)
+        quality.add(defect, int(per.sum()), [trace_values[first[i]] for i in hit[:3]])
+
+
+def _windows(
+    found: dict[str, np.ndarray], firsts: dict[str, np.ndarray], n_req: int
+) -> pd.DataFrame:
+    tok, queue = found["tokenize_start"], found["queue_start"]
+    sampled, sample_end = firsts[EV_FIRST_SAMPLED], found["sample_end"]
+    first_byte = firsts[EV_FIRST_BYTE]
+    return pd.DataFrame(
+        {
+            "client_a": found["client_start"],
+            "client_b": np.where(found["client_root"] >= 0, firsts[EV_FIRST_TOKEN], NONE_NS),
+            "server_a": found["server_start"],
+            "server_b": np.where(found["server_root"] >= 0, first_byte, NONE_NS),
+            "engine_a": np.where(tok != NONE_NS, tok, queue),
+            "engine_b": np.where(sampled != NONE_NS, sampled, sample_end),
+            "client_root": found["client_root"],
+            "server_root": found["server_root"],
+            # The server's own window inside the client boundary ends at first_byte, or
+            # at the server span's end when there is no first_byte.
+            "server_window_end": np.where(first_byte != NONE_NS, first_byte, found["server_end"]),
+        },
+        index=pd.RangeIndex(n_req),
+    )
+
+
+def _request_ids(uniq: np.ndarray, rid_values: list[str]) -> list[str | None]:
+    n = len(rid_values)
+    return [rid_values[int(k)] if k < n else None for k in uniq]
+
+
+def _conditions(table: pa.Table, row_req: np.ndarray, valid: np.ndarray, n_req: int) -> list:
+    rows = np.flatnonzero(row_req >= 0)
+    cached = col.int_attribute(table.column("attributes"), rows, ATTR_CACHED_TOKENS)
+    best = np.full(n_req, -1, np.int64)
+    np.maximum.at(best, row_req[rows], cached)
+    names = np.array([None, "cold", "prefix_hit"], dtype=object)
+    return list(names[np.where(best > 0, 2, np.where(best == 0, 1, 0))])

@@ -1,0 +1,324 @@
+"""Split each request's TTFT window into stage parts that sum exactly to the window.
+
+Pure functions over an :class:`~ttft.analysis.assemble.Assembly` (no I/O). The three
+policies of DESIGN.md, with the details fixed in docs/attribution.md:
+
+* ``exclusive``: every elementary segment goes to the active span with the largest key
+  ``(priority, depth, start, span_id)``;
+* ``shared``: every segment is split equally among the active spans that are not
+  ancestors of another active span, remainder 1 ns at a time in exclusive order;
+* ``critical-path``: Jaeger's walk from the window's root, stopped at the first-token
+  milestone.
+
+All three run on dense ``(requests, spans)`` blocks (see ``_buckets``): loops go over
+span columns or tree depth, never over requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ttft.analysis._buckets import iter_blocks, nearest_ancestor, take_rows
+from ttft.analysis.assemble import CODE, N_STAGES, Assembly
+from ttft.analysis.quality import Quality
+from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES, PRIORITY, ROOT_ONLY_STAGE, STAGE_NAMES
+
+_PRIO = np.zeros(N_STAGES, np.int64)
+for _name, _p in PRIORITY.items():
+    _PRIO[CODE[_name]] = _p
+_DERIVED = np.array([CODE["network"], CODE["unattributed"]])
+
+ELIGIBLE: dict[str, np.ndarray] = {}
+"""Per boundary: which stage codes may take window time (client side decided apart)."""
+for _b in BOUNDARY_NAMES:
+    _ok = np.zeros(N_STAGES, bool)
+    _ok[[CODE[s] for s in PRIORITY]] = True
+    if _b == "engine":
+        _ok[CODE["server"]] = False
+    ELIGIBLE[_b] = _ok
+
+
+@dataclass
+class Attribution:
+    """Per-request parts of one boundary and policy.
+
+    ``requests`` holds the requests that have a window (``trace_id``, ``request_id``,
+    ``condition``, ``a_ns``, ``ttft_ns``); ``attributed``, ``covered`` and ``raw`` are
+    int64 ns, one row per request of ``requests`` and one column per stage name.
+    ``attributed`` rows sum exactly to ``ttft_ns``.
+    """
+
+    boundary: str
+    policy: str
+    requests: pd.DataFrame
+    attributed: pd.DataFrame
+    covered: pd.DataFrame
+    raw: pd.DataFrame
+    quality: Quality
+
+    def per_request(self) -> pd.DataFrame:
+        """Long form: one row per request and stage with any time (``trace_id``,
+        ``request_id``, ``condition``, ``stage``, ``attributed_ns``, ``covered_ns``,
+        ``raw_ns``, ``ttft_ns``)."""
+        att = self.attributed.to_numpy()
+        cov = self.covered.to_numpy()
+        raw = self.raw.to_numpy()
+        row, stage = np.nonzero((att > 0) | (cov > 0) | (raw > 0))
+        req = self.requests.iloc[row]
+        return pd.DataFrame(
+            {
+                "trace_id": req["trace_id"].to_numpy(),
+                "request_id": req["request_id"].to_numpy(),
+                "condition": req["condition"].to_numpy(),
+                "stage": np.asarray(self.attributed.columns)[stage],
+                "attributed_ns": att[row, stage],
+                "covered_ns": cov[row, stage],
+                "raw_ns": raw[row, stage],
+                "ttft_ns": req["ttft_ns"].to_numpy(),
+            }
+        )
+
+
+def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusive") -> Attribution:
+    """Attribute every request's TTFT at ``boundary`` (default: the outermost supported)
+    under ``policy``; requests without that window are counted as ``no_window``."""
+    boundary = boundary or asm.default_boundary()
+    if boundary not in BOUNDARY_NAMES:
+        raise ValueError(f"unknown boundary {boundary!r}; choose from {BOUNDARY_NAMES}")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {POLICIES}")
+    reqs = asm.requests
+    has = asm.has_window(boundary)
+    quality = Quality().merged(asm.quality)
+    missing = np.flatnonzero(~has)
+    quality.add("no_window", len(missing), reqs["trace_id"].iloc[missing[:3]])
+
+    n_req = len(reqs)
+    a = reqs[f"{boundary}_a"].to_numpy()
+    b = reqs[f"{boundary}_b"].to_numpy()
+    root = (
+        reqs[f"{boundary}_root"].to_numpy()
+        if boundary != "engine"
+        else np.full(n_req, -1, np.int64)
+    )
+    cut_lo = reqs["server_a"].to_numpy()
+    cut_hi = reqs["server_window_end"].to_numpy()
+    has_cut = (boundary == "client") & (reqs["server_root"].to_numpy() >= 0)
+    out = {key: np.zeros((n_req, N_STAGES), np.int64) for key in ("att", "cov", "raw")}
+    sp = asm.spans
+    # A request without spans still has a window (events only): it is all root time.
+    counts = np.where(has, sp.counts, 0)
+    lone = np.flatnonzero(has & (counts == 0))
+    root_code = CODE[ROOT_ONLY_STAGE[boundary]]
+    out["att"][lone, root_code if boundary != "engine" else CODE["unattributed"]] = (
+        b[lone] - a[lone]
+    )
+    for ids, pos in iter_blocks(counts, sp.offsets):
+        block = _Block(sp, ids, pos, a, b, root, boundary, cut_lo, cut_hi, has_cut)
+        if policy == "exclusive":
+            att = block.exclusive()
+        elif policy == "shared":
+            att = block.shared()
+        else:
+            att = block.critical_path()
+        out["att"][ids] = att
+        cov, raw = block.covered_raw()
+        out["cov"][ids] = cov
+        out["raw"][ids] = raw
+    keep = np.flatnonzero(has)
+    for key in ("cov", "raw"):
+        out[key][:, _DERIVED] = out["att"][:, _DERIVED]
+    frames = {
+        key: pd.DataFrame(value[keep], columns=list(STAGE_NAMES)) for key, value in out.items()
+    }
+    requests = reqs.iloc[keep][["trace_id", "request_id", "condition"]].reset_index(drop=True)
+    requests["a_ns"] = a[keep]
+    requests["ttft_ns"] = b[keep] - a[keep]
+    return Attribution(
+        boundary, policy, requests, frames["att"], frames["cov"], frames["raw"], quality
+    )
+
+
+class _Block:
+    """One block of requests with the same span count, clipped to their windows."""
+
+    def __init__(self, sp, ids, pos, a, b, root, boundary, cut_lo, cut_hi, has_cut):
+        n, k = pos.shape
+        self.n, self.k = n, k
+        self.a = a[ids][:, None]
+        self.b = b[ids][:, None]
+        stage = sp.stage[pos].astype(np.int64)
+        client = sp.client[pos]
+        start, end = sp.start_ns[pos], sp.end_ns[pos]
+        inc = sp.keep[pos] & ELIGIBLE[boundary][stage]
+        if boundary != "client":
+            inc &= ~client
+        lo = np.maximum(start, self.a)
+        hi = np.minimum(end, self.b)
+        cut = has_cut[ids][:, None] & ~client
+        lo = np.where(cut, np.maximum(lo, cut_lo[ids][:, None]), lo)
+        hi = np.where(cut, np.minimum(hi, cut_hi[ids][:, None]), hi)
+        rootcol = root[ids][:, None]
+        is_root = np.arange(k)[None] == rootcol
+        inc = (inc & (hi > lo)) | is_root
+        lo = np.where(is_root, self.a, lo)
+        hi = np.where(is_root, self.b, hi)
+        self.inc = inc
+        self.lo = np.where(inc, lo, self.a)
+        self.hi = np.where(inc, hi, self.a)
+        self.stage = stage
+        # The stage that receives the span's own time: the root's goes to the root stage.
+        root_stage = CODE[ROOT_ONLY_STAGE[boundary]]
+        self.out_stage = np.where(is_root, root_stage, stage)
+        self.is_root = is_root
+        self.rootcol = rootcol
+        # Parent: nearest included ancestor, else the root (or the virtual root: -1).
+        par = nearest_ancestor(sp.parent[pos], inc)
+        self.parent = np.where(~is_root & (par < 0), rootcol, par)
+        self.parent = np.where(is_root, -1, self.parent)
+        self.depth = sp.depth[pos].astype(np.int64)
+        self.start = start
+        self.sid = sp.sid[pos]
+        prio = np.where(is_root, 0, _PRIO[stage])
+        self.prio = np.where(inc, prio, -1)
+
+    # -- exclusive order and elementary segments -------------------------------------
+    def _order(self) -> np.ndarray:
+        """Columns sorted by ascending exclusive key (priority, depth, start, span_id)."""
+        rel = np.clip(self.start - self.start.min(axis=1, keepdims=True), 0, (1 << 53) - 1)
+        key = ((self.prio + 1) << 58) | (np.minimum(self.depth, 31) << 53) | rel
+        return np.lexsort((self.sid, key), axis=-1)
+
+    def _segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        pts = np.sort(np.concatenate([self.a, self.lo, self.hi, self.b], axis=1), axis=1)
+        seg_lo, seg_hi = pts[:, :-1], pts[:, 1:]
+        return seg_lo, seg_hi, seg_hi - seg_lo
+
+    def _sum_by_stage(self, stage: np.ndarray, ns: np.ndarray) -> np.ndarray:
+        flat = (np.arange(self.n)[:, None] * N_STAGES + stage).ravel()
+        total = np.bincount(
+            flat, weights=ns.ravel().astype(np.float64), minlength=self.n * N_STAGES
+        )
+        return np.rint(total).astype(np.int64).reshape(self.n, N_STAGES)
+
+    def exclusive(self) -> np.ndarray:
+        order = self._order()
+        lo = np.take_along_axis(self.lo, order, axis=1)
+        hi = np.take_along_axis(self.hi, order, axis=1)
+        out_stage = np.take_along_axis(self.out_stage, order, axis=1)
+        seg_lo, seg_hi, length = self._segments()
+        owner = np.full(seg_lo.shape, -1, np.int64)
+        for r in range(self.k):
+            active = (lo[:, r, None] <= seg_lo) & (seg_hi <= hi[:, r, None])
+            np.putmask(owner, active & (hi[:, r, None] > lo[:, r, None]), r)
+        stage = np.where(owner >= 0, take_rows(out_stage, owner), CODE["unattributed"])
+        return self._sum_by_stage(stage, length)
+
+    def shared(self) -> np.ndarray:
+        order = self._order()
+        inv = np.argsort(order, axis=1)
+        lo = np.take_along_axis(self.lo, order, axis=1)
+        hi = np.take_along_axis(self.hi, order, axis=1)
+        out_stage = np.take_along_axis(self.out_stage, order, axis=1)
+        parent = take_rows(inv, np.take_along_axis(self.parent, order, axis=1), fill=-1)
+        seg_lo, seg_hi, length = self._segments()
+        active = (
+            (lo[:, None, :] <= seg_lo[:, :, None])
+            & (seg_hi[:, :, None] <= hi[:, None, :])
+            & (hi > lo)[:, None, :]
+        )
+        # anc[n, i, j]: column i is an ancestor of column j (sorted order).
+        anc = np.zeros((self.n, self.k, self.k), np.float32)
+        rows = np.repeat(np.arange(self.n), self.k)
+        cols = np.tile(np.arange(self.k), self.n)
+        cur = parent.copy()
+        for _ in range(self.k):
+            ok = (cur >= 0).ravel()
+            if not ok.any():
+                break
+            anc[rows[ok], cur.ravel()[ok], cols[ok]] = 1.0
+            cur = take_rows(parent, cur, fill=-1)
+        ancestor_of_active = np.matmul(active.astype(np.float32), anc.transpose(0, 2, 1)) > 0
+        leaf = active & ~ancestor_of_active
+        m = leaf.sum(axis=2)
+        div = np.maximum(m, 1)
+        base, rem = length // div, length % div
+        from_top = np.cumsum(leaf[:, :, ::-1], axis=2)[:, :, ::-1]
+        extra = leaf & (from_top <= rem[:, :, None])
+        per_col = (leaf * base[:, :, None] + extra).sum(axis=1)
+        uncovered = np.where(m == 0, length, 0).sum(axis=1)
+        att = self._sum_by_stage(out_stage, per_col)
+        att[:, CODE["unattributed"]] += uncovered
+        return att
+
+    def critical_path(self) -> np.ndarray:
+        k, virtual = self.k, self.k
+        par = np.where(self.parent < 0, virtual, self.parent)
+        par = np.where(self.is_root, virtual, par)
+        lo, hi = self.lo.copy(), self.hi.copy()
+        ext_lo = np.concatenate([lo, self.a], axis=1)
+        ext_hi = np.concatenate([hi, self.b], axis=1)
+        for _ in range(k):
+            new_lo = np.maximum(self.lo, np.take_along_axis(ext_lo, par, axis=1))
+            new_hi = np.minimum(self.hi, np.take_along_axis(ext_hi, par, axis=1))
+            if np.array_equal(new_lo, ext_lo[:, :k]) and np.array_equal(new_hi, ext_hi[:, :k]):
+                break
+            ext_lo[:, :k], ext_hi[:, :k] = new_lo, new_hi
+        lo, hi = ext_lo[:, :k], ext_hi[:, :k]
+        live = self.inc & (hi > lo)
+        # rank by (end, start, span_id): the walk takes the child that ends last.
+        order = np.lexsort((self.sid, lo, hi), axis=-1)
+        rank = np.argsort(order, axis=1)
+        rank = np.where(live, rank, -1)
+        sib = (par[:, :, None] == par[:, None, :]) & live[:, :, None] & live[:, None, :]
+        sib &= ~np.eye(k, dtype=bool)[None]
+        first = live & ~(sib & (rank[:, None, :] > rank[:, :, None])).any(axis=2)
+        before = sib & (hi[:, None, :] <= lo[:, :, None])
+        best = np.where(before, rank[:, None, :], -1).max(axis=2)
+        nxt = np.where(best >= 0, np.where(before, rank[:, None, :], -1).argmax(axis=2), -1)
+        chain = first.copy()
+        for _ in range(k):
+            r, c = np.nonzero(chain & (nxt >= 0))
+            grown = np.zeros_like(chain)
+            grown[r, nxt[r, c]] = True
+            if not (grown & ~chain).any():
+                break
+            chain |= grown
+        on = chain.copy()
+        for _ in range(k):
+            parent_on = np.where(
+                par == virtual, True, take_rows(on, np.where(par == virtual, 0, par), False)
+            )
+            new = chain & parent_on
+            if np.array_equal(new, on):
+                break
+            on = new
+        length = np.where(on, hi - lo, 0)
+        flat = (np.arange(self.n)[:, None] * (k + 1) + par).ravel()
+        child = np.bincount(
+            flat, weights=length.ravel().astype(np.float64), minlength=self.n * (k + 1)
+        )
+        child = np.rint(child).astype(np.int64).reshape(self.n, k + 1)
+        own = np.where(on, length - child[:, :k], 0)
+        att = self._sum_by_stage(self.out_stage, own)
+        att[:, CODE["unattributed"]] += (self.b - self.a)[:, 0] - child[:, k]
+        return att
+
+    def covered_raw(self) -> tuple[np.ndarray, np.ndarray]:
+        """Union length and summed length of each stage's clipped spans."""
+        span = np.where(self.inc, self.hi - self.lo, 0)
+        raw = self._sum_by_stage(self.stage, span)
+        seg_lo, seg_hi, length = self._segments()
+        cov = np.zeros((self.n, N_STAGES), np.int64)
+        for code in np.unique(self.stage[self.inc]):
+            mine = self.inc & (self.stage == code)
+            hit = (
+                (self.lo[:, None, :] <= seg_lo[:, :, None])
+                & (seg_hi[:, :, None] <= self.hi[:, None, :])
+                & mine[:, None, :]
+            ).any(axis=2)
+            cov[:, code] = np.where(hit, length, 0).sum(axis=1)
+        return cov, raw

@@ -1,0 +1,81 @@
+"""Data-quality defects: counted with a few examples each, never fatal.
+
+DESIGN.md names the defects; analysis drops or repairs what it must (a span ending before
+it starts, a duplicate span id) and goes on with the rest, so valid data around a defect
+is never lost. The counts travel with every analysis result and are printed beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+DEFECTS: tuple[str, ...] = (
+    "missing_field",
+    "end_before_start",
+    "no_window",
+    "orphan_parent",
+    "duplicate_span_id",
+    "outside_window",
+    "clock_shift",
+)
+"""Every defect analysis counts; ``missing_field`` (a row without trace id or times) is
+ttft's addition to DESIGN.md's list."""
+
+MEANING: dict[str, str] = {
+    "missing_field": "row without trace_id, start_ns or end_ns (row dropped)",
+    "end_before_start": "span with end_ns < start_ns (row dropped)",
+    "no_window": "request without a TTFT window at the chosen boundary (left out)",
+    "orphan_parent": "span whose parent_id is not in its request (attached to the root)",
+    "duplicate_span_id": "span id seen twice in one request (later copies dropped)",
+    "outside_window": "request-level span wholly outside its request's client/server span",
+    "clock_shift": "server span not inside its client span (clocks disagree)",
+}
+
+EXAMPLES_KEPT = 3
+
+
+@dataclass
+class Quality:
+    """Counts and a few example ids (trace ids or span ids) per defect."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DEFECTS, 0))
+    examples: dict[str, list[str]] = field(default_factory=lambda: {d: [] for d in DEFECTS})
+
+    def add(self, defect: str, count: int, examples: Iterable[str] = ()) -> None:
+        """Count ``count`` occurrences of ``defect`` and keep the first few examples."""
+        if defect not in self.counts:
+            raise KeyError(f"unknown data-quality defect {defect!r}")
+        if count <= 0:
+            return
+        self.counts[defect] += int(count)
+        kept = self.examples[defect]
+        for example in examples:
+            if len(kept) >= EXAMPLES_KEPT:
+                break
+            kept.append(str(example))
+
+    def merged(self, other: Quality) -> Quality:
+        """A new Quality with both sets of counts."""
+        out = Quality()
+        for source in (self, other):
+            for defect in DEFECTS:
+                out.add(defect, source.counts[defect], source.examples[defect])
+        return out
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per defect: ``defect``, ``count``, ``meaning``, ``examples``."""
+        return pd.DataFrame(
+            {
+                "defect": list(DEFECTS),
+                "count": [self.counts[d] for d in DEFECTS],
+                "meaning": [MEANING[d] for d in DEFECTS],
+                "examples": [", ".join(self.examples[d]) for d in DEFECTS],
+            }
+        )

@@ -1,0 +1,1 @@
+"""ttft.engine: the reference inference engine ttft traces (not built yet)."""
