@@ -1,0 +1,244 @@
+"""An OpenTelemetry ``SpanExporter`` that writes SDK spans as ttft span rows to a trace file."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import StatusCode
+
+from ttft.collectors.store import TraceWriter
+from ttft.tracer.schema import ATTR_CLOCK, ATTR_REQUEST_ID, ATTR_STAGE, stage_of
+
+__all__ = [
+    "ATTR_CLOCK",
+    "ATTR_REQUEST_ID",
+    "ParquetSpanExporter",
+    "span_to_rows",
+]
+
+logger = logging.getLogger(__name__)
+
+_ids = RandomIdGenerator()
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()  # as OTLP/JSON encodes bytes
+    if isinstance(value, Mapping):
+        return dict(value)
+    return str(value)
+
+
+def _json(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
+
+
+def _hex_span_id(span_id: int) -> str:
+    return format(span_id, "016x")
+
+
+def span_to_rows(span: ReadableSpan, *, default_clock: str) -> list[dict[str, Any]]:
+    """Map one finished SDK span onto span-record rows (DESIGN.md, "The span record").
+
+    The span becomes one row; each of its events becomes a point-event row (stage
+    ``event``, a fresh span id, the span as parent). A span that is itself a point event
+    (stage ``event``, or ``start == end``) stays one row and keeps its events in the
+    ``events`` attribute. Attributes consumed by columns (``ttft.stage``, ``ttft.clock``,
+    ``ttft.request_id`` or else ``request_id``) are removed from the JSON; links go under
+    ``links`` and a non-unset status under ``otel.status_code``/``otel.status_description``.
+
+    Args:
+        span: an ended span.
+        default_clock: the ``clock`` value when the span has no ``ttft.clock`` attribute.
+
+    Raises:
+        ValueError: the span has no context or start time, or ends before it starts.
+    """
+    context = span.context
+    if context is None or span.start_time is None:
+        raise ValueError(f"span {span.name!r} has no context or no start time")
+    start_ns = span.start_time
+    end_ns = span.end_time if span.end_time is not None else start_ns
+    if end_ns < start_ns:
+        raise ValueError(f"span {span.name!r} ends ({end_ns}) before it starts ({start_ns})")
+    attributes = dict(span.attributes or {})
+    explicit_stage = attributes.pop(ATTR_STAGE, None)
+    request_id = attributes.pop(ATTR_REQUEST_ID, None)
+    if request_id is None:
+        request_id = attributes.pop("request_id", None)
+    clock = attributes.pop(ATTR_CLOCK, None)
+    if explicit_stage is None:
+        stage = stage_of(span.name)
+        if stage == "other" and start_ns == end_ns:
+            stage = "event"
+    else:
+        stage = stage_of(str(explicit_stage))
+        if stage != explicit_stage:
+            attributes[ATTR_STAGE] = explicit_stage  # unknown stage name: keep what was said
+    point = stage == "event" or start_ns == end_ns
+    if span.status.status_code is not StatusCode.UNSET:
+        attributes["otel.status_code"] = span.status.status_code.name
+        if span.status.description:
+            attributes["otel.status_description"] = span.status.description
+    if span.links:
+        attributes["links"] = [
+            {
+                "trace_id": format(link.context.trace_id, "032x"),
+                "span_id": _hex_span_id(link.context.span_id),
+                "attributes": dict(link.attributes or {}),
+            }
+            for link in span.links
+        ]
+    if point and span.events:
+        attributes["events"] = [
+            {"name": e.name, "timestamp_ns": e.timestamp, "attributes": dict(e.attributes or {})}
+            for e in span.events
+        ]
+    common = {
+        "trace_id": format(context.trace_id, "032x"),
+        "request_id": None if request_id is None else str(request_id),
+        "clock": default_clock if clock is None else str(clock),
+        "service": str(span.resource.attributes.get("service.name", "unknown_service")),
+    }
+    span_id = _hex_span_id(context.span_id)
+    rows = [
+        {
+            **common,
+            "span_id": span_id,
+            "parent_id": None if span.parent is None else _hex_span_id(span.parent.span_id),
+            "name": span.name,
+            "stage": stage,
+            "start_ns": start_ns,
+            "end_ns": end_ns,
+            "attributes": _json(attributes),
+        }
+    ]
+    if not point:
+        rows.extend(
+            {
+                **common,
+                "span_id": _hex_span_id(_ids.generate_span_id()),
+                "parent_id": span_id,
+                "name": event.name,
+                "stage": "event",
+                "start_ns": event.timestamp,
+                "end_ns": event.timestamp,
+                "attributes": _json(dict(event.attributes or {})),
+            }
+            for event in span.events
+        )
+    return rows
+
+
+class ParquetSpanExporter(SpanExporter):
+    """Writes finished OpenTelemetry spans to a ttft trace file through a :class:`TraceWriter`.
+
+    Threading: :meth:`export` may be called from several threads at once (as
+    ``SimpleSpanProcessor`` does); the writer serializes them.
+
+    Failure: :meth:`export` never raises. A span that cannot be converted, or a batch the
+    writer refuses, is logged, counted in ``dropped_spans`` and answered with
+    ``SpanExportResult.FAILURE``. Rows lost by a failed flush of rows buffered earlier are
+    counted by the writer (``writer.dropped_rows``). After :meth:`shutdown` every export fails.
+
+    Attributes:
+        writer: the trace writer spans go to; closed by :meth:`shutdown`.
+        dropped_spans: spans not accepted by the writer.
+    """
+
+    def __init__(
+        self,
+        sink: str | os.PathLike[str] | TraceWriter,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        **writer_options: Any,
+    ) -> None:
+        """Create the exporter.
+
+        Args:
+            sink: a trace path (a :class:`TraceWriter` is created for it) or a writer.
+            metadata: run metadata to record (added to a given writer's metadata).
+            **writer_options: keyword arguments for a created :class:`TraceWriter`
+                (``flush_spans``, ``flush_interval_s``, ``merge_on_close``).
+
+        Raises:
+            TypeError: ``writer_options`` together with an existing writer.
+            OSError, FileExistsError: the writer cannot be created.
+        """
+        if isinstance(sink, TraceWriter):
+            if writer_options:
+                raise TypeError(f"writer options {sorted(writer_options)} need a path, "
+                                "not an existing TraceWriter")
+            self.writer = sink
+            if metadata:
+                sink.set_metadata(**metadata)
+        else:
+            self.writer = TraceWriter(sink, metadata=metadata, **writer_options)
+        self.dropped_spans = 0
+        self._default_clock = "host:" + socket.gethostname()
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def _drop(self, count: int) -> SpanExportResult:
+        with self._lock:
+            self.dropped_spans += count
+        return SpanExportResult.FAILURE
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Append the spans (and their events) to the writer. Never raises.
+
+        Returns:
+            ``SUCCESS`` if every span was accepted, else ``FAILURE``; the spans that could
+            be converted are still appended when others could not.
+        """
+        if self._shutdown:
+            logger.warning("export after shutdown: %d span(s) dropped", len(spans))
+            return self._drop(len(spans))
+        rows: list[dict[str, Any]] = []
+        failed = 0
+        for span in spans:
+            try:
+                rows.extend(span_to_rows(span, default_clock=self._default_clock))
+            except Exception:
+                failed += 1
+                logger.exception("cannot convert span %r; dropped", getattr(span, "name", None))
+        if rows:
+            try:
+                self.writer.append(rows)
+            except Exception:
+                logger.exception("%s: cannot write %d span(s)", self.writer.path, len(spans))
+                return self._drop(len(spans))
+        return self._drop(failed) if failed else SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Close the writer (which merges the trace file, unless told not to). Idempotent."""
+        with self._lock:
+            if self._shutdown:
+                return
+            self._shutdown = True
+        try:
+            self.writer.close()
+        except Exception:
+            logger.exception("%s: closing the trace writer failed", self.writer.path)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Write the buffered spans as a part file now.
+
+        Returns:
+            False if the flush failed or could not start within ``timeout_millis``.
+        """
+        try:
+            return self.writer.flush(timeout_s=timeout_millis / 1000)
+        except Exception:
+            logger.exception("%s: flush failed", self.writer.path)
+            return False
