@@ -26,7 +26,7 @@ from ttft.tracer.schema import COLUMNS, METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEM
 
 __all__ = [
     "PARTS_SUFFIX", "TraceFileError", "TraceWriter", "iter_batches", "parts_dir",
-    "read_metadata", "read_trace", "to_span_table", "trace_files",
+    "read_metadata", "read_trace", "to_span_table", "trace_files", "write_trace",
 ]
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,28 @@ def _write_atomic(dest: Path, table: pa.Table, metadata_json: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_trace(
+    path: str | os.PathLike[str], table: pa.Table, metadata: Mapping[str, Any] | None = None
+) -> Path:
+    """Write a whole span table as one trace file at once (atomically, via a temporary
+    name), with ``metadata`` plus ``schema_version`` as its run metadata.
+
+    Raises:
+        ValueError: the table does not fit the span schema (names the row and field).
+        TypeError: the metadata cannot be written as JSON.
+    """
+    dest = Path(path)
+    table = to_span_table(table)
+    try:
+        metadata_json = json.dumps(
+            {**(metadata or {}), "schema_version": SCHEMA_VERSION}, sort_keys=True
+        ).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"metadata: {exc}") from exc
+    _write_atomic(dest, table, metadata_json)
+    return dest
 
 
 class TraceWriter:

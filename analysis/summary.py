@@ -1,0 +1,151 @@
+"""Summaries of an attribution: per stage, per condition, inter-token latency, the tail.
+
+Pure functions (no I/O, no printing). Definitions from DESIGN.md: percentiles are numpy's
+linear ones over all requests of the trace, zeros included; ``share`` is a stage's
+attributed time summed over requests divided by TTFT summed over requests;
+``overlap = raw - attributed``. Times are reported in milliseconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ttft.analysis.assemble import Assembly
+from ttft.analysis.attribution import Attribution
+from ttft.tracer.schema import CONDITIONS, SCHEMA_VERSION
+
+_NS_PER_MS = 1e6
+PERCENTILES = (50, 90, 99)
+
+
+def _ms(values: np.ndarray) -> dict[str, float]:
+    """p50/p90/p99/mean in ms of a non-empty array of ns."""
+    ms = np.asarray(values, dtype=np.float64) / _NS_PER_MS
+    out = {
+        f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES), strict=True)
+    }
+    out["mean"] = float(ms.mean())
+    return out
+
+
+def stage_table(attr: Attribution, rows: np.ndarray | None = None) -> pd.DataFrame:
+    """Per stage with any time: attributed p50/p90/p99/mean, share, raw and overlap means.
+
+    Args:
+        attr: an attribution.
+        rows: boolean mask over ``attr.requests`` (default: all requests).
+
+    Returns:
+        One row per stage (index: stage name), columns ``p50, p90, p99, mean, share,
+        raw_mean, overlap_mean`` (ms, ``share`` a fraction), in canonical stage order.
+    """
+    att = attr.attributed.to_numpy()
+    raw = attr.raw.to_numpy()
+    ttft = attr.requests["ttft_ns"].to_numpy()
+    if rows is not None:
+        att, raw, ttft = att[rows], raw[rows], ttft[rows]
+    columns = ["p50", "p90", "p99", "mean", "share", "raw_mean", "overlap_mean"]
+    if len(ttft) == 0:
+        return pd.DataFrame(columns=columns, dtype=float)
+    used = (att > 0).any(axis=0) | (raw > 0).any(axis=0)
+    names = np.asarray(attr.attributed.columns)[used]
+    att, raw = att[:, used], raw[:, used]
+    total = float(ttft.sum())
+    ms = att / _NS_PER_MS
+    table = pd.DataFrame(
+        np.percentile(ms, PERCENTILES, axis=0).T if len(ms) else np.zeros((len(names), 3)),
+        index=names,
+        columns=["p50", "p90", "p99"],
+    )
+    table["mean"] = ms.mean(axis=0)
+    table["share"] = att.sum(axis=0) / total if total > 0 else 0.0
+    table["raw_mean"] = raw.mean(axis=0) / _NS_PER_MS
+    # From integer sums, so a stage without overlap shows exactly 0.
+    table["overlap_mean"] = (raw.sum(axis=0) - att.sum(axis=0)) / len(ttft) / _NS_PER_MS
+    table.index.name = "stage"
+    return table[columns]
+
+
+def inter_token(asm: Assembly) -> dict[str, float] | None:
+    """Inter-token latency (``p50, p90, p99, mean``) over all gaps between consecutive
+    client token events, and time per output token per request (``tpot_*``), in ms;
+    None when the trace has fewer than two token events in any request."""
+    req, t = asm.token_req, asm.token_ns
+    if len(req) < 2:
+        return None
+    order = np.lexsort((t, req))
+    req, t = req[order], t[order]
+    same = req[1:] == req[:-1]
+    gaps = (t[1:] - t[:-1])[same]
+    if len(gaps) == 0:
+        return None
+    out = _ms(gaps)
+    counts = np.bincount(req)
+    firsts = np.full(len(counts), np.iinfo(np.int64).max)
+    lasts = np.full(len(counts), np.iinfo(np.int64).min)
+    np.minimum.at(firsts, req, t)
+    np.maximum.at(lasts, req, t)
+    many = counts >= 2
+    tpot = (lasts[many] - firsts[many]) / (counts[many] - 1)
+    out.update({f"tpot_{k}": v for k, v in _ms(tpot).items()})
+    return out
+
+
+def tail_mix(attr: Attribution) -> pd.DataFrame:
+    """Mean attributed ms per stage for the tail (TTFT at or above its p99) against the
+    middle (TTFT between its p40 and p60): columns ``tail_mean``, ``median_mean``."""
+    ttft = attr.requests["ttft_ns"].to_numpy()
+    if len(ttft) == 0:
+        return pd.DataFrame(columns=["tail_mean", "median_mean"], dtype=float)
+    p40, p60, p99 = np.percentile(ttft, [40, 60, 99])
+    att = attr.attributed.to_numpy() / _NS_PER_MS
+    used = (attr.attributed.to_numpy() > 0).any(axis=0)
+    tail = att[ttft >= p99][:, used].mean(axis=0)
+    middle = att[(ttft >= p40) & (ttft <= p60)][:, used].mean(axis=0)
+    names = np.asarray(attr.attributed.columns)[used]
+    return pd.DataFrame({"tail_mean": tail, "median_mean": middle}, index=names)
+
+
+def _stages_dict(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    return {str(stage): {k: float(v) for k, v in row.items()} for stage, row in table.iterrows()}
+
+
+def summarize(
+    attr: Attribution, asm: Assembly, *, trace: str = "", schema_version: int = SCHEMA_VERSION
+) -> dict[str, Any]:
+    """Everything ``ttft analyze --json`` prints, in its exact shape (times in ms).
+
+    Args:
+        attr: the attribution to summarize.
+        asm: the assembly it came from (token events for inter-token latency).
+        trace: the trace's path, echoed back.
+        schema_version: the trace file's schema version.
+    """
+    ttft = attr.requests["ttft_ns"].to_numpy()
+    conditions = attr.requests["condition"].to_numpy()
+    by_condition = {}
+    for cond in CONDITIONS:
+        mask = conditions == cond
+        if mask.any():
+            by_condition[cond] = {
+                "requests": int(mask.sum()),
+                "ttft_ms": _ms(ttft[mask]),
+                "stages": _stages_dict(stage_table(attr, mask)),
+            }
+    empty = {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
+    return {
+        "trace": trace,
+        "schema_version": schema_version,
+        "boundary": attr.boundary,
+        "policy": attr.policy,
+        "requests": int(len(ttft)),
+        "ttft_ms": _ms(ttft) if len(ttft) else empty,
+        "stages": _stages_dict(stage_table(attr)),
+        "conditions": by_condition,
+        "itl_ms": inter_token(asm),
+        "tail": _stages_dict(tail_mix(attr)),
+        "quality": dict(attr.quality.counts),
+    }

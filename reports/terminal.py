@@ -1,0 +1,99 @@
+"""Rich terminal rendering of ``ttft analyze`` results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from ttft.analysis.quality import MEANING
+
+_BAR_WIDTH = 20
+
+
+def _bar(share: float) -> Text:
+    filled = max(0, min(_BAR_WIDTH, round(share * _BAR_WIDTH)))
+    bar = Text("█" * filled + "·" * (_BAR_WIDTH - filled), style="cyan")
+    bar.append(f" {share:6.1%}")
+    return bar
+
+
+def stage_table(title: str, ttft_ms: dict[str, float], stages: dict[str, dict]) -> Table:
+    """One table: a row per stage (largest share first), TTFT percentiles in the caption."""
+    caption = "TTFT  " + "  ".join(f"{k} {v:,.2f} ms" for k, v in ttft_ms.items())
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    table.add_column("stage")
+    table.add_column("share of TTFT", no_wrap=True)
+    for name in ("p50 ms", "p90 ms", "p99 ms", "mean ms", "raw mean ms", "overlap ms"):
+        table.add_column(name, justify="right")
+    ordered = sorted(stages.items(), key=lambda kv: -kv[1]["share"])
+    for stage, row in ordered:
+        style = "dim" if row["share"] == 0 else None
+        table.add_row(
+            Text(stage, style=style),
+            _bar(row["share"]),
+            f"{row['p50']:,.2f}",
+            f"{row['p90']:,.2f}",
+            f"{row['p99']:,.2f}",
+            f"{row['mean']:,.2f}",
+            f"{row['raw_mean']:,.2f}",
+            f"{row['overlap_mean']:,.2f}",
+            style=style,
+        )
+    return table
+
+
+def render_analysis(summary: dict[str, Any], console: Console) -> None:
+    """Print the summary ``ttft.analysis.summary.summarize`` made."""
+    conditions = summary["conditions"]
+    head = Text.assemble(
+        ("ttft analyze ", "bold"),
+        (summary["trace"], "bold cyan"),
+        f"  boundary={summary['boundary']}  policy={summary['policy']}  "
+        f"requests={summary['requests']:,}",
+    )
+    console.print(head)
+    if summary["requests"] == 0:
+        console.print("[yellow]No request has a TTFT window at this boundary.[/yellow]")
+    else:
+        label = "all requests"
+        if len(conditions) > 1:
+            label += " (mixes " + " and ".join(conditions) + ")"
+        blocks = [stage_table(label, summary["ttft_ms"], summary["stages"])]
+        for cond, part in conditions.items():
+            blocks.append(
+                stage_table(
+                    f"{cond}: {part['requests']:,} requests", part["ttft_ms"], part["stages"]
+                )
+            )
+        console.print(Group(*blocks))
+        console.print(
+            Text(
+                "share: the stage's attributed time over all TTFT; raw: its spans' durations "
+                "clipped to the window; overlap = raw - attributed, the double counting "
+                "that adding durations would do.",
+                style="dim",
+            )
+        )
+    if summary["tail"]:
+        tail = Table(title="tail: TTFT ≥ p99 against p40–p60", title_justify="left")
+        tail.add_column("stage")
+        tail.add_column("tail mean ms", justify="right")
+        tail.add_column("middle mean ms", justify="right")
+        for stage, row in sorted(summary["tail"].items(), key=lambda kv: -kv[1]["tail_mean"]):
+            tail.add_row(stage, f"{row['tail_mean']:,.2f}", f"{row['median_mean']:,.2f}")
+        console.print(tail)
+    itl = summary["itl_ms"]
+    if itl:
+        console.print(
+            f"inter-token latency  p50 {itl['p50']:,.2f} ms  p99 {itl['p99']:,.2f} ms   "
+            f"time per output token  p50 {itl['tpot_p50']:,.2f} ms"
+        )
+    quality = {k: v for k, v in summary["quality"].items() if v}
+    if quality:
+        for defect, count in quality.items():
+            console.print(f"[yellow]data quality:[/yellow] {count:,} {defect}: {MEANING[defect]}")
+    else:
+        console.print("[green]data quality: no defects found[/green]")

@@ -1,0 +1,122 @@
+"""Summaries: percentiles with zeros included, share, raw and overlap, conditions, tail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _build import event, row, table
+
+from ttft.analysis.assemble import assemble
+from ttft.analysis.attribution import attribute
+from ttft.analysis.summary import stage_table, summarize
+
+CLIENT = {"clock": "client", "service": "loadgen"}
+
+
+def request(t: int, queue_ms: int, cached: int, tokens: list[int]) -> list[dict]:
+    """Server [0, queue+2ms) with a queue then a 2 ms chunk; client tokens at given ms."""
+    ms = 1_000_000
+    base = t * 10_000 * ms
+    rows = [
+        row(t, t * 100 + 1, "client", base, base + 100 * ms, **CLIENT),
+        row(
+            t, t * 100 + 2, "server", base, base + 50 * ms, parent=t * 100 + 1, cached_tokens=cached
+        ),
+        row(t, t * 100 + 3, "queue", base, base + queue_ms * ms, parent=t * 100 + 2),
+        row(
+            t,
+            t * 100 + 4,
+            "prefill.chunk",
+            base + queue_ms * ms,
+            base + (queue_ms + 2) * ms,
+            parent=t * 100 + 2,
+        ),
+        event(t, t * 100 + 5, "first_byte", base + (queue_ms + 2) * ms),
+    ]
+    for i, when in enumerate(tokens):
+        name = "first_token" if i == 0 else "token"
+        rows.append(event(t, t * 100 + 10 + i, name, base + when * ms, **CLIENT))
+    return rows
+
+
+@pytest.fixture
+def summary():
+    rows = (
+        request(1, 0, 0, [2, 4, 6])  # cold, no queue
+        + request(2, 8, 0, [10, 13])  # cold
+        + request(3, 18, 64, [20, 21, 22])  # prefix hit
+    )
+    asm = assemble(table(rows))
+    return summarize(attribute(asm, "client", "exclusive"), asm, trace="t.parquet")
+
+
+def test_overall_stage_figures(summary):
+    assert summary["boundary"] == "client" and summary["requests"] == 3
+    assert summary["ttft_ms"]["p50"] == pytest.approx(10.0)
+    assert summary["ttft_ms"]["mean"] == pytest.approx(32 / 3)
+    queue = summary["stages"]["queue"]
+    # zeros included: queue times 0, 8, 18 ms
+    assert queue["p50"] == pytest.approx(8.0)
+    assert queue["p90"] == pytest.approx(np.percentile([0, 8, 18], 90))
+    assert queue["share"] == pytest.approx(26 / 32)
+    assert queue["overlap_mean"] == 0.0
+    server = summary["stages"]["server"]
+    assert server["mean"] == 0.0
+    assert server["raw_mean"] == pytest.approx(32 / 3)
+    assert server["overlap_mean"] == pytest.approx(32 / 3)
+    assert sum(s["share"] for s in summary["stages"].values()) == pytest.approx(1.0)
+
+
+def test_conditions_are_separate(summary):
+    assert set(summary["conditions"]) == {"cold", "prefix_hit"}
+    cold = summary["conditions"]["cold"]
+    assert cold["requests"] == 2
+    assert cold["ttft_ms"]["mean"] == pytest.approx(6.0)
+    assert cold["stages"]["queue"]["share"] == pytest.approx(8 / 12)
+    assert summary["conditions"]["prefix_hit"]["stages"]["queue"]["mean"] == pytest.approx(18)
+
+
+def test_inter_token_latency(summary):
+    itl = summary["itl_ms"]
+    gaps = [2, 2, 3, 1, 1]
+    assert itl["p50"] == pytest.approx(np.percentile(gaps, 50))
+    assert itl["mean"] == pytest.approx(np.mean(gaps))
+    assert itl["tpot_mean"] == pytest.approx(np.mean([2, 3, 1]))
+
+
+def test_tail_against_middle(summary):
+    tail = summary["tail"]
+    assert tail["queue"]["tail_mean"] == pytest.approx(np.mean([18]))
+    # p40..p60 of TTFT (2, 10, 20 ms) keeps only the 10 ms request
+    assert tail["queue"]["median_mean"] == pytest.approx(8.0)
+
+
+def test_json_shape(summary):
+    assert list(summary) == [
+        "trace",
+        "schema_version",
+        "boundary",
+        "policy",
+        "requests",
+        "ttft_ms",
+        "stages",
+        "conditions",
+        "itl_ms",
+        "tail",
+        "quality",
+    ]
+    assert set(summary["stages"]["queue"]) == {
+        "p50",
+        "p90",
+        "p99",
+        "mean",
+        "share",
+        "raw_mean",
+        "overlap_mean",
+    }
+
+
+def test_empty_selection_gives_empty_table():
+    asm = assemble(table(request(1, 0, 0, [2])))
+    result = attribute(asm, "client")
+    assert stage_table(result, np.zeros(1, bool)).empty

@@ -1,0 +1,175 @@
+"""The command line as a user types it: synth, analyze, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from ttft.collectors.store import read_trace, write_trace
+from ttft.collectors.synthetic import expected_path
+from ttft.reports.cli import app
+from ttft.tracer.schema import METADATA_KEY, SPAN_SCHEMA
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "demo.parquet"
+    result = runner.invoke(
+        app, ["synth", "--requests", "300", "--seed", "5", "-o", str(path), "--expected"]
+    )
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def ttft_script() -> str:
+    """The installed console script, beside this interpreter (PATH may not include it)."""
+    beside = Path(sys.executable).parent / "ttft"
+    return str(beside) if beside.exists() else (shutil.which("ttft") or "ttft")
+
+
+def test_console_script_runs_the_readme_line(tmp_path):
+    env = {**os.environ, "COLUMNS": "120"}
+    subprocess.run(
+        [ttft_script(), "synth", "-o", "demo.parquet", "--requests", "50"],
+        cwd=tmp_path,
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    done = subprocess.run(
+        [ttft_script(), "analyze", "demo.parquet"],
+        cwd=tmp_path,
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert "boundary=client" in done.stdout
+    assert "requests=50" in done.stdout
+    assert "data quality: no defects found" in done.stdout
+
+
+def test_analyze_json_shape_and_values(trace):
+    result = runner.invoke(app, ["analyze", str(trace), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert list(out) == [
+        "trace",
+        "schema_version",
+        "boundary",
+        "policy",
+        "requests",
+        "ttft_ms",
+        "stages",
+        "conditions",
+        "itl_ms",
+        "tail",
+        "quality",
+    ]
+    assert (out["boundary"], out["policy"], out["requests"]) == ("client", "exclusive", 300)
+    assert out["trace"] == str(trace)
+    assert set(out["conditions"]) == {"cold", "prefix_hit"}
+    assert sum(c["requests"] for c in out["conditions"].values()) == 300
+    assert sum(s["share"] for s in out["stages"].values()) == pytest.approx(1.0)
+    assert out["stages"]["gpu"]["overlap_mean"] == 0.0
+    assert out["stages"]["prefill"]["overlap_mean"] > 0
+    assert set(out["itl_ms"]) >= {"p50", "p90", "p99", "mean"}
+    assert all(v == 0 for v in out["quality"].values())
+
+
+@pytest.mark.parametrize("policy", ["exclusive", "shared", "critical-path"])
+@pytest.mark.parametrize("boundary", ["client", "server", "engine"])
+def test_per_request_output_equals_the_generators_expectation(trace, tmp_path, boundary, policy):
+    out = tmp_path / "per.parquet"
+    result = runner.invoke(
+        app,
+        [
+            "analyze",
+            str(trace),
+            "--boundary",
+            boundary,
+            "--policy",
+            policy,
+            "--json",
+            "--per-request",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    got = pq.read_table(out).to_pandas()
+    assert list(got.columns) == [
+        "trace_id",
+        "request_id",
+        "condition",
+        "stage",
+        "attributed_ns",
+        "covered_ns",
+        "raw_ns",
+        "ttft_ns",
+    ]
+    got = got[got.attributed_ns > 0].set_index(["trace_id", "stage"])["attributed_ns"]
+    exp = pd.read_parquet(expected_path(trace))
+    exp = exp[(exp.boundary == boundary) & (exp.policy == policy)]
+    exp = exp.set_index(["trace_id", "stage"])["attributed_ns"]
+    assert got.sort_index().to_dict() == exp.sort_index().to_dict()
+
+
+def test_missing_and_corrupt_files_give_one_line_and_exit_2(tmp_path):
+    missing = tmp_path / "nope.parquet"
+    result = runner.invoke(app, ["analyze", str(missing)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {missing}: does not exist"
+    corrupt = tmp_path / "bad.parquet"
+    corrupt.write_bytes(b"PAR1 this is not parquet")
+    done = subprocess.run(
+        [sys.executable, "-m", "ttft.reports.cli", "analyze", str(corrupt)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {corrupt}: not a readable Parquet")
+
+
+def test_not_a_ttft_trace_names_the_file(tmp_path):
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), other)
+    result = runner.invoke(app, ["analyze", str(other)])
+    assert result.exit_code == 2
+    assert str(other) in result.stderr and "not a ttft trace" in result.stderr
+
+
+def test_malformed_rows_are_counted_not_fatal(trace, tmp_path):
+    table = read_trace(trace)
+    starts = table.column("start_ns").to_pylist()
+    ends = table.column("end_ns").to_pylist()
+    ends[0] = starts[0] - 5  # one span now ends before it starts
+    table = table.set_column(7, "end_ns", pa.array(ends, pa.int64()))
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: b'{"schema_version": 1}'}), bad)
+    result = runner.invoke(app, ["analyze", str(bad), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["quality"]["end_before_start"] == 1
+    assert out["requests"] >= 299
+
+
+def test_empty_trace_reports_no_requests(tmp_path):
+    empty = tmp_path / "empty.parquet"
+    write_trace(empty, SPAN_SCHEMA.empty_table())
+    result = runner.invoke(app, ["analyze", str(empty)])
+    assert result.exit_code == 0, result.output
+    assert "No request has a TTFT window" in result.stdout
