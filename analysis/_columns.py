@@ -11,12 +11,6 @@ try:  # O(n + groups) counting sort; ten times faster than a comparison sort her
 except ImportError:  # pragma: no cover - depends on the pandas build
     _groupsort_indexer = None
 
-_M8 = np.uint64(0x0F0F0F0F0F0F0F0F)
-_B8 = np.uint64(0x0101010101010101)
-_PAIR = np.uint64(0x00FF00FF00FF00FF)
-_QUAD = np.uint64(0x0000FFFF0000FFFF)
-_LOW32 = np.uint64(0xFFFFFFFF)
-
 
 def _array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     if isinstance(col, pa.ChunkedArray):
@@ -51,54 +45,51 @@ def codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     return out, values
 
 
-def _swar_hex_word(words: np.ndarray) -> np.ndarray:
-    """Eight ASCII hex digits per uint64 (little-endian bytes) → their 32-bit value."""
-    nib = (words & _M8) + ((words >> np.uint64(6)) & _B8) * np.uint64(9)
-    pair = ((nib << np.uint64(4)) | (nib >> np.uint64(8))) & _PAIR
-    quad = (pair | (pair >> np.uint64(8))) & _QUAD
-    packed = ((quad | (quad >> np.uint64(16))) & _LOW32).astype(np.uint32)
-    return packed.byteswap()
+def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Span ids as two uint64 words ``(high, low)`` that compare like the id strings, and
+    a non-null mask.
 
-
-def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Span ids as uint64 values that compare like the ids, and a non-null mask.
-
-    16-character hex ids (the W3C form every OpenTelemetry source writes) are decoded,
-    so numeric order equals the order of the lowercase hex strings; any other form falls
-    back to ranks of the sorted distinct strings.
+    16-character ids (the W3C hex form every OpenTelemetry source writes) are read
+    straight from the Arrow buffer as two big-endian words, so numeric order is byte order
+    of the strings; any other form falls back to ranks of the sorted distinct strings.
     """
     arr = _array(col)
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(pa.string())
+    if pa.types.is_large_string(arr.type):
+        arr = arr.cast(pa.string())
     n = len(arr)
-    present = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
-    if n == 0:
-        return np.empty(0, np.uint64), present
-    filled = pc.fill_null(arr, "0" * 16) if arr.null_count else arr
-    if pa.types.is_large_string(filled.type):
-        filled = filled.cast(pa.string())
-    lengths = pc.binary_length(filled)
-    mm = pc.min_max(lengths).as_py()
-    if mm["min"] == 16 and mm["max"] == 16:
-        offsets = np.frombuffer(filled.buffers()[1], dtype=np.int32)[filled.offset :]
+    present = (
+        np.ones(n, bool)
+        if arr.null_count == 0
+        else np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
+    )
+    high = np.zeros(n, np.uint64)
+    low = np.zeros(n, np.uint64)
+    if n == 0 or not present.any():
+        return high, low, present
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
+    lengths = np.diff(offsets)
+    if np.all(lengths[present] == 16) and not lengths[~present].any():
         first = int(offsets[0])
-        raw = np.frombuffer(filled.buffers()[2], dtype=np.uint8)[first : first + 16 * n]
-        words = raw.copy().view("<u8").reshape(n, 2)
-        high = _swar_hex_word(words[:, 0]).astype(np.uint64)
-        low = _swar_hex_word(words[:, 1]).astype(np.uint64)
-        return (high << np.uint64(32)) | low, present
-    lowered = pc.utf8_lower(filled)
-    enc = pc.dictionary_encode(lowered)
+        raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[first : int(offsets[-1])]
+        words = raw.view(">u8").reshape(-1, 2).astype(np.uint64)
+        high[present], low[present] = words[:, 0], words[:, 1]
+        return high, low, present
+    enc = pc.dictionary_encode(arr)
     rank = np.empty(len(enc.dictionary), dtype=np.uint64)
     rank[np.asarray(pc.sort_indices(enc.dictionary))] = np.arange(len(enc.dictionary))
-    return rank[np.asarray(enc.indices)], present
+    idx = np.asarray(pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False))
+    high[:] = np.where(present, rank[idx], 0)
+    return high, low, present
 
 
 def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key: str) -> np.ndarray:
     """Integer value of ``key`` in the JSON attributes of ``rows``; -1 where absent.
 
-    A regular expression on the JSON text (no JSON parse per row) reads top-level
-    ``"key": 123`` pairs, which is what every ttft writer and importer produces.
+    A regular expression on the JSON text (no JSON parse per row) reads the first
+    ``"key": 123`` pair; a key nested in an inner object would match too, which no ttft
+    writer or importer produces (a key inside a string value is escaped and never matches).
     """
     out = np.full(len(rows), -1, dtype=np.int64)
     if len(rows) == 0:
@@ -112,7 +103,7 @@ def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key:
         return out
     where = np.flatnonzero(hit)
     found = pc.extract_regex(
-        sub.take(pa.array(where)), rf'(?:^|[{{,])\s*"{key}"\s*:\s*(?P<v>-?\d{{1,18}})'
+        sub.take(pa.array(where)), rf'"{key}"\s*:\s*(?P<v>-?\d{{1,18}})'
     )
     values = pc.cast(pc.fill_null(found.field("v"), "-1"), pa.int64())
     out[where] = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)

@@ -47,7 +47,8 @@ N_STAGES = len(STAGE_NAMES)
 class Spans:
     """Request-level spans (plus joined ``gpu`` copies), sorted by request.
 
-    All arrays have one entry per span; ``parent`` is the column of the parent inside the
+    All arrays have one entry per span; ``sid_hi``/``sid_lo`` are the span id as two
+    words that compare like the id string; ``parent`` is the column of the parent inside the
     request's block (``-1`` = none), ``depth`` the number of ancestors, ``keep`` false for
     duplicate span ids.
     """
@@ -57,7 +58,8 @@ class Spans:
     end_ns: np.ndarray
     stage: np.ndarray
     client: np.ndarray
-    sid: np.ndarray
+    sid_hi: np.ndarray
+    sid_lo: np.ndarray
     parent: np.ndarray
     depth: np.ndarray
     keep: np.ndarray
@@ -152,8 +154,8 @@ def assemble(table: pa.Table) -> Assembly:
     np.minimum.at(first_trace, inv, req_traces)
     row_req = np.where(valid, req_of_trace[np.maximum(trace, 0)], -1)
 
-    sid_all, has_sid = col.id_values(table.column("span_id"))
-    psid_all, has_psid = col.id_values(table.column("parent_id"))
+    sid_hi, sid_lo, has_sid = col.id_values(table.column("span_id"))
+    psid_hi, psid_lo, has_psid = col.id_values(table.column("parent_id"))
 
     # Spans that can take window time: request traces, no events, no steps.
     span_rows = np.flatnonzero((row_req >= 0) & ~is_event & (stage != CODE["step"]))
@@ -166,7 +168,10 @@ def assemble(table: pa.Table) -> Assembly:
     n_plain = len(span_rows)
     is_copy = order >= n_plain
     parent_rows = np.concatenate([span_rows, chunk_rows])[order]
-    psid = np.where(is_copy, sid_all[parent_rows], psid_all[rows])
+    psid = (
+        np.where(is_copy, sid_hi[parent_rows], psid_hi[rows]),
+        np.where(is_copy, sid_lo[parent_rows], psid_lo[rows]),
+    )
     has_parent = np.where(is_copy, True, has_psid[rows])
     counts = np.bincount(req, minlength=n_req)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
@@ -176,7 +181,8 @@ def assemble(table: pa.Table) -> Assembly:
         end_ns=end[rows],
         stage=np.where(is_copy, CODE["gpu"], stage[rows]).astype(np.int8),
         client=is_client[rows],
-        sid=sid_all[rows],
+        sid_hi=sid_hi[rows],
+        sid_lo=sid_lo[rows],
         parent=np.full(len(rows), -1, np.int32),
         depth=np.zeros(len(rows), np.int16),
         keep=np.ones(len(rows), bool),
@@ -201,7 +207,7 @@ def assemble(table: pa.Table) -> Assembly:
     requests = _windows(windows, firsts, n_req)
     requests.insert(0, "trace_id", [trace_values[t] for t in first_trace])
     requests.insert(1, "request_id", _request_ids(uniq, rid_values))
-    requests.insert(2, "condition", _conditions(table, row_req, valid, n_req))
+    requests.insert(2, "condition", _conditions(table, row_req, stage, n_req))
     clock_shift = (
         (requests["client_root"].to_numpy() >= 0)
         & (requests["server_root"].to_numpy() >= 0)
@@ -254,7 +260,7 @@ def _join_gpu(
 def _resolve_trees(
     spans: Spans,
     has_sid: np.ndarray,
-    psid: np.ndarray,
+    psid: tuple[np.ndarray, np.ndarray],
     has_parent: np.ndarray,
     n_req: int,
 ) -> dict[str, np.ndarray]:
@@ -281,11 +287,13 @@ def _resolve_trees(
     request_level[[CODE[s] for s in REQUEST_STAGES]] = True
     for ids, pos in iter_blocks(spans.counts, spans.offsets):
         k = pos.shape[1]
-        sid, hs = spans.sid[pos], has_sid[pos]
-        same = (sid[:, :, None] == sid[:, None, :]) & hs[:, :, None] & hs[:, None, :]
+        hi, lo, hs = spans.sid_hi[pos], spans.sid_lo[pos], has_sid[pos]
+        same = (hi[:, :, None] == hi[:, None, :]) & (lo[:, :, None] == lo[:, None, :])
+        same &= hs[:, :, None] & hs[:, None, :]
         dup = np.tril(np.ones((k, k), bool), -1)[None] & same
         keep = ~dup.any(axis=2)
-        match = (psid[pos][:, :, None] == sid[:, None, :]) & hs[:, None, :] & keep[:, None, :]
+        match = (psid[0][pos][:, :, None] == hi[:, None, :]) & hs[:, None, :] & keep[:, None, :]
+        match &= psid[1][pos][:, :, None] == lo[:, None, :]
         match &= has_parent[pos][:, :, None]
         match &= ~np.eye(k, dtype=bool)[None]
         found = match.any(axis=2)
@@ -378,8 +386,11 @@ def _request_ids(uniq: np.ndarray, rid_values: list[str]) -> list[str | None]:
     return [rid_values[int(k)] if k < n else None for k in uniq]
 
 
-def _conditions(table: pa.Table, row_req: np.ndarray, valid: np.ndarray, n_req: int) -> list:
-    rows = np.flatnonzero(row_req >= 0)
+def _conditions(table: pa.Table, row_req: np.ndarray, stage: np.ndarray, n_req: int) -> list:
+    """``prefix_hit`` / ``cold`` / None per request from the ``cached_tokens`` attribute of
+    its ``server``, ``prefill`` and ``prefill.chunk`` spans (where servers report it)."""
+    carriers = np.isin(stage, [CODE["server"], CODE["prefill"], CODE["prefill.chunk"]])
+    rows = np.flatnonzero((row_req >= 0) & carriers)
     cached = col.int_attribute(table.column("attributes"), rows, ATTR_CACHED_TOKENS)
     best = np.full(n_req, -1, np.int64)
     np.maximum.at(best, row_req[rows], cached)

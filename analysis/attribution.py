@@ -17,6 +17,7 @@ span columns or tree depth, never over requests.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -118,16 +119,10 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     )
     for ids, pos in iter_blocks(counts, sp.offsets):
         block = _Block(sp, ids, pos, a, b, root, boundary, cut_lo, cut_hi, has_cut)
-        if policy == "exclusive":
-            att = block.exclusive()
-        elif policy == "shared":
-            att = block.shared()
-        else:
-            att = block.critical_path()
-        out["att"][ids] = att
-        cov, raw = block.covered_raw()
-        out["cov"][ids] = cov
-        out["raw"][ids] = raw
+        run = {"exclusive": block.exclusive, "shared": block.shared}
+        out["att"][ids] = run.get(policy, block.critical_path)()
+        out["raw"][ids] = block.raw()
+        out["cov"][ids] = block.covered(out["raw"][ids])
     keep = np.flatnonzero(has)
     for key in ("cov", "raw"):
         out[key][:, _DERIVED] = out["att"][:, _DERIVED]
@@ -181,21 +176,38 @@ class _Block:
         self.parent = np.where(is_root, -1, self.parent)
         self.depth = sp.depth[pos].astype(np.int64)
         self.start = start
-        self.sid = sp.sid[pos]
+        self.sid_hi, self.sid_lo = sp.sid_hi[pos], sp.sid_lo[pos]
         prio = np.where(is_root, 0, _PRIO[stage])
         self.prio = np.where(inc, prio, -1)
 
     # -- exclusive order and elementary segments -------------------------------------
+    @cached_property
     def _order(self) -> np.ndarray:
         """Columns sorted by ascending exclusive key (priority, depth, start, span_id)."""
         rel = np.clip(self.start - self.start.min(axis=1, keepdims=True), 0, (1 << 53) - 1)
         key = ((self.prio + 1) << 58) | (np.minimum(self.depth, 31) << 53) | rel
-        return np.lexsort((self.sid, key), axis=-1)
+        return np.lexsort((self.sid_lo, self.sid_hi, key), axis=-1)
 
+    @cached_property
     def _segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        pts = np.sort(np.concatenate([self.a, self.lo, self.hi, self.b], axis=1), axis=1)
-        seg_lo, seg_hi = pts[:, :-1], pts[:, 1:]
-        return seg_lo, seg_hi, seg_hi - seg_lo
+        """Elementary segments: ``length`` (N, S) in ns, and for every column the segment
+        positions ``[first, stop)`` it covers (N, K), as small integers.
+
+        Positions come from sorting all endpoints of a row; segments between equal
+        endpoints have zero length, so how ties are ordered never matters.
+        """
+        pts = np.concatenate([self.a, self.lo, self.hi, self.b], axis=1)
+        order = np.argsort(pts, axis=1, kind="stable")
+        pos = np.empty(order.shape, np.int16)
+        np.put_along_axis(pos, order, np.arange(pts.shape[1], dtype=np.int16)[None], axis=1)
+        pts = np.take_along_axis(pts, order, axis=1)
+        k = self.k
+        return pts[:, 1:] - pts[:, :-1], pos[:, 1 : k + 1], pos[:, k + 1 : 2 * k + 1]
+
+    def _active(self, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
+        """(N, S) mask of the segments ``[first, stop)`` of one column per row."""
+        seg = np.arange(2 * self.k + 1, dtype=np.int16)[None]
+        return (first[:, None] <= seg) & (seg < stop[:, None])
 
     def _sum_by_stage(self, stage: np.ndarray, ns: np.ndarray) -> np.ndarray:
         flat = (np.arange(self.n)[:, None] * N_STAGES + stage).ravel()
@@ -205,31 +217,48 @@ class _Block:
         return np.rint(total).astype(np.int64).reshape(self.n, N_STAGES)
 
     def exclusive(self) -> np.ndarray:
-        order = self._order()
-        lo = np.take_along_axis(self.lo, order, axis=1)
-        hi = np.take_along_axis(self.hi, order, axis=1)
-        out_stage = np.take_along_axis(self.out_stage, order, axis=1)
-        seg_lo, seg_hi, length = self._segments()
-        owner = np.full(seg_lo.shape, -1, np.int64)
+        """Each segment to the active column with the largest exclusive key."""
+        length, first, stop = self._segments
+        order = self._order
+        first = np.take_along_axis(first, order, axis=1)
+        stop = np.take_along_axis(stop, order, axis=1)
+        owner = np.full(length.shape, -1, np.int16)
         for r in range(self.k):
-            active = (lo[:, r, None] <= seg_lo) & (seg_hi <= hi[:, r, None])
-            np.putmask(owner, active & (hi[:, r, None] > lo[:, r, None]), r)
+            np.putmask(owner, self._active(first[:, r], stop[:, r]), r)
+        out_stage = np.take_along_axis(self.out_stage, order, axis=1)
         stage = np.where(owner >= 0, take_rows(out_stage, owner), CODE["unattributed"])
         return self._sum_by_stage(stage, length)
 
+    def raw(self) -> np.ndarray:
+        """Summed length of each stage's clipped spans."""
+        return self._sum_by_stage(self.stage, np.where(self.inc, self.hi - self.lo, 0))
+
+    def covered(self, raw: np.ndarray) -> np.ndarray:
+        """Union length of each stage's clipped spans: ``raw`` wherever a row has at most
+        one span of the stage, a union over segments where it has several."""
+        cov = raw.copy()
+        length, first, stop = self._segments
+        spans = self._sum_by_stage(self.stage, self.inc.astype(np.int64))
+        for code in np.flatnonzero((spans >= 2).any(axis=0)):
+            rows = spans[:, code] >= 2
+            mine = (self.stage[rows] == code) & self.inc[rows]
+            hit = np.zeros(length[rows].shape, bool)
+            for c in np.flatnonzero(mine.any(axis=0)):
+                hit |= self._active(first[rows, c], stop[rows, c]) & mine[:, c, None]
+            cov[rows, code] = np.where(hit, length[rows], 0).sum(axis=1)
+        return cov
+
     def shared(self) -> np.ndarray:
-        order = self._order()
+        """Each segment split equally among its active leaves (no active descendant)."""
+        order = self._order
         inv = np.argsort(order, axis=1)
-        lo = np.take_along_axis(self.lo, order, axis=1)
-        hi = np.take_along_axis(self.hi, order, axis=1)
         out_stage = np.take_along_axis(self.out_stage, order, axis=1)
         parent = take_rows(inv, np.take_along_axis(self.parent, order, axis=1), fill=-1)
-        seg_lo, seg_hi, length = self._segments()
-        active = (
-            (lo[:, None, :] <= seg_lo[:, :, None])
-            & (seg_hi[:, :, None] <= hi[:, None, :])
-            & (hi > lo)[:, None, :]
-        )
+        length, first, stop = self._segments
+        first = np.take_along_axis(first, order, axis=1)
+        stop = np.take_along_axis(stop, order, axis=1)
+        seg = np.arange(2 * self.k + 1, dtype=np.int16)[None, :, None]
+        active = (first[:, None, :] <= seg) & (seg < stop[:, None, :])
         # anc[n, i, j]: column i is an ancestor of column j (sorted order).
         anc = np.zeros((self.n, self.k, self.k), np.float32)
         rows = np.repeat(np.arange(self.n), self.k)
@@ -255,6 +284,7 @@ class _Block:
         return att
 
     def critical_path(self) -> np.ndarray:
+        """Jaeger's walk from the window's end, children clipped to their parents."""
         k, virtual = self.k, self.k
         par = np.where(self.parent < 0, virtual, self.parent)
         par = np.where(self.is_root, virtual, par)
@@ -270,7 +300,7 @@ class _Block:
         lo, hi = ext_lo[:, :k], ext_hi[:, :k]
         live = self.inc & (hi > lo)
         # rank by (end, start, span_id): the walk takes the child that ends last.
-        order = np.lexsort((self.sid, lo, hi), axis=-1)
+        order = np.lexsort((self.sid_lo, self.sid_hi, lo, hi), axis=-1)
         rank = np.argsort(order, axis=1)
         rank = np.where(live, rank, -1)
         sib = (par[:, :, None] == par[:, None, :]) & live[:, :, None] & live[:, None, :]
@@ -306,19 +336,3 @@ class _Block:
         att = self._sum_by_stage(self.out_stage, own)
         att[:, CODE["unattributed"]] += (self.b - self.a)[:, 0] - child[:, k]
         return att
-
-    def covered_raw(self) -> tuple[np.ndarray, np.ndarray]:
-        """Union length and summed length of each stage's clipped spans."""
-        span = np.where(self.inc, self.hi - self.lo, 0)
-        raw = self._sum_by_stage(self.stage, span)
-        seg_lo, seg_hi, length = self._segments()
-        cov = np.zeros((self.n, N_STAGES), np.int64)
-        for code in np.unique(self.stage[self.inc]):
-            mine = self.inc & (self.stage == code)
-            hit = (
-                (self.lo[:, None, :] <= seg_lo[:, :, None])
-                & (seg_hi[:, :, None] <= self.hi[:, None, :])
-                & mine[:, None, :]
-            ).any(axis=2)
-            cov[:, code] = np.where(hit, length, 0).sum(axis=1)
-        return cov, raw
