@@ -205,7 +205,7 @@ def assemble(table: pa.Table) -> Assembly:
     token_req, token_ns = ev_req[tok], ev_t[tok]
 
     requests = _windows(windows, firsts, n_req)
-    requests.insert(0, "trace_id", [trace_values[t] for t in first_trace])
+    requests.insert(0, "trace_id", np.asarray(trace_values, dtype=object)[first_trace])
     requests.insert(1, "request_id", _request_ids(uniq, rid_values))
     requests.insert(2, "condition", _conditions(table, row_req, stage, n_req))
     clock_shift = (
@@ -288,16 +288,7 @@ def _resolve_trees(
     for ids, pos in iter_blocks(spans.counts, spans.offsets):
         k = pos.shape[1]
         hi, lo, hs = spans.sid_hi[pos], spans.sid_lo[pos], has_sid[pos]
-        same = (hi[:, :, None] == hi[:, None, :]) & (lo[:, :, None] == lo[:, None, :])
-        same &= hs[:, :, None] & hs[:, None, :]
-        dup = np.tril(np.ones((k, k), bool), -1)[None] & same
-        keep = ~dup.any(axis=2)
-        match = (psid[0][pos][:, :, None] == hi[:, None, :]) & hs[:, None, :] & keep[:, None, :]
-        match &= psid[1][pos][:, :, None] == lo[:, None, :]
-        match &= has_parent[pos][:, :, None]
-        match &= ~np.eye(k, dtype=bool)[None]
-        found = match.any(axis=2)
-        parent = np.where(found, match.argmax(axis=2), -1)
+        parent, keep, found = _links(hi, lo, hs, psid[0][pos], psid[1][pos], has_parent[pos])
         depth = np.zeros(parent.shape, np.int16)
         anc = parent.copy()
         for _ in range(k):
@@ -344,6 +335,57 @@ def _resolve_trees(
     return out
 
 
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _links(
+    hi: np.ndarray,
+    lo: np.ndarray,
+    has: np.ndarray,
+    phi: np.ndarray,
+    plo: np.ndarray,
+    has_parent: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per ``(requests, K)`` block: the parent column of every span (-1 none), ``keep``
+    (false for a later copy of a duplicated span id) and whether the parent was found.
+
+    A 64-bit mix of the two id words finds candidates with one comparison per pair; every
+    candidate is then checked on both words, and the few rows where a check fails (an
+    orphan, a duplicate, a mix collision) are redone exactly.
+    """
+    n, k = hi.shape
+    cols = np.arange(k)
+    mixed = (hi * _MIX) ^ lo
+    ordered = np.sort(np.where(has, mixed, cols.astype(np.uint64)), axis=1)
+    maybe_dup = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+    keep = np.ones((n, k), bool)
+    if maybe_dup.any():
+        r = maybe_dup
+        same = (hi[r][:, :, None] == hi[r][:, None, :]) & (lo[r][:, :, None] == lo[r][:, None, :])
+        same &= has[r][:, :, None] & has[r][:, None, :]
+        keep[r] = ~(np.tril(np.ones((k, k), bool), -1)[None] & same).any(axis=2)
+    pmixed = (phi * _MIX) ^ plo
+    parent = (pmixed[:, :, None] == mixed[:, None, :]).argmax(axis=2)
+    found = (
+        has_parent
+        & (np.take_along_axis(hi, parent, axis=1) == phi)
+        & (np.take_along_axis(lo, parent, axis=1) == plo)
+        & np.take_along_axis(has & keep, parent, axis=1)
+        & (parent != cols[None])
+    )
+    redo = (has_parent & ~found).any(axis=1)
+    if redo.any():
+        r = redo
+        match = (phi[r][:, :, None] == hi[r][:, None, :]) & (
+            plo[r][:, :, None] == lo[r][:, None, :]
+        )
+        match &= (has[r] & keep[r])[:, None, :] & has_parent[r][:, :, None]
+        match &= ~np.eye(k, dtype=bool)[None]
+        found[r] = match.any(axis=2)
+        parent[r] = match.argmax(axis=2)
+    return np.where(found, parent, -1), keep, found
+
+
 def _add_tree_examples(
     quality: Quality, found: dict[str, np.ndarray], trace_values: list[str], first: np.ndarray
 ) -> None:
@@ -381,12 +423,12 @@ def _windows(
     )
 
 
-def _request_ids(uniq: np.ndarray, rid_values: list[str]) -> list[str | None]:
-    n = len(rid_values)
-    return [rid_values[int(k)] if k < n else None for k in uniq]
+def _request_ids(uniq: np.ndarray, rid_values: list[str]) -> np.ndarray:
+    values = np.asarray([*rid_values, None], dtype=object)
+    return values[np.minimum(uniq, len(rid_values))]
 
 
-def _conditions(table: pa.Table, row_req: np.ndarray, stage: np.ndarray, n_req: int) -> list:
+def _conditions(table: pa.Table, row_req: np.ndarray, stage: np.ndarray, n_req: int) -> np.ndarray:
     """``prefix_hit`` / ``cold`` / None per request from the ``cached_tokens`` attribute of
     its ``server``, ``prefill`` and ``prefill.chunk`` spans (where servers report it)."""
     carriers = np.isin(stage, [CODE["server"], CODE["prefill"], CODE["prefill.chunk"]])
@@ -395,4 +437,4 @@ def _conditions(table: pa.Table, row_req: np.ndarray, stage: np.ndarray, n_req: 
     best = np.full(n_req, -1, np.int64)
     np.maximum.at(best, row_req[rows], cached)
     names = np.array([None, "cold", "prefix_hit"], dtype=object)
-    return list(names[np.where(best > 0, 2, np.where(best == 0, 1, 0))])
+    return names[np.where(best > 0, 2, np.where(best == 0, 1, 0))]
