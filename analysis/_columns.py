@@ -18,6 +18,23 @@ def _array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     return col
 
 
+def take(col: pa.ChunkedArray | pa.Array, rows: np.ndarray) -> pa.Array:
+    """``col[rows]`` for ascending ``rows``, chunk by chunk (Arrow's take on a chunked
+    string column would first concatenate all of it)."""
+    if isinstance(col, pa.Array):
+        return col.take(pa.array(rows, type=pa.int64()))
+    bounds = np.cumsum([0] + [len(c) for c in col.chunks])
+    cuts = np.searchsorted(rows, bounds)
+    pieces = [
+        chunk.take(pa.array(rows[cuts[i] : cuts[i + 1]] - bounds[i], type=pa.int64()))
+        for i, chunk in enumerate(col.chunks)
+        if cuts[i + 1] > cuts[i]
+    ]
+    if not pieces:
+        return pa.array([], type=col.type)
+    return pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
+
+
 def int64(col: pa.ChunkedArray | pa.Array, fill: int = 0) -> np.ndarray:
     """An int64 column as a numpy array, nulls replaced by ``fill``."""
     arr = _array(col)
@@ -53,6 +70,9 @@ def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, 
     straight from the Arrow buffer as two big-endian words, so numeric order is byte order
     of the strings; any other form falls back to ranks of the sorted distinct strings.
     """
+    if isinstance(col, pa.ChunkedArray) and col.num_chunks > 1:
+        parts = [id_values(chunk) for chunk in col.chunks]
+        return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
     arr = _array(col)
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(pa.string())
@@ -89,8 +109,8 @@ _WINDOW = 24  # bytes read after the key: room for whitespace, ":" and the numbe
 
 
 def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key: str) -> np.ndarray:
-    """Integer value of ``key`` in the JSON attributes of ``rows``; -1 where absent or not
-    an integer.
+    """Integer value of ``key`` in the JSON attributes of ``rows`` (ascending); -1 where
+    absent or not an integer.
 
     Reads the text after the first ``"key"`` (no JSON parse per row): optional whitespace,
     ``:``, optional whitespace, an optional ``-`` and digits. A key nested in an inner
@@ -100,7 +120,7 @@ def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key:
     out = np.full(len(rows), -1, dtype=np.int64)
     if len(rows) == 0:
         return out
-    sub = _array(attributes).take(pa.array(rows, type=pa.int64()))
+    sub = take(attributes, rows)
     if pa.types.is_dictionary(sub.type) or pa.types.is_large_string(sub.type):
         sub = sub.cast(pa.string())
     needle = f'"{key}"'

@@ -125,7 +125,7 @@ def assemble(table: pa.Table) -> Assembly:
     # Event names, only for event rows.
     is_event = valid & (stage == CODE["event"])
     ev_rows = np.flatnonzero(is_event)
-    ev_name, ev_values = col.codes(table.column("name").take(pa.array(ev_rows, pa.int64())))
+    ev_name, ev_values = col.codes(col.take(table.column("name"), ev_rows))
     ev_kind = np.full(len(ev_values) + 1, -1, np.int8)
     for i, v in enumerate(ev_values):
         if v in (EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED, EV_TOKEN):
@@ -430,11 +430,13 @@ def _request_ids(uniq: np.ndarray, rid_values: list[str]) -> np.ndarray:
 
 def _conditions(table: pa.Table, row_req: np.ndarray, stage: np.ndarray, n_req: int) -> np.ndarray:
     """``prefix_hit`` / ``cold`` / None per request from the ``cached_tokens`` attribute of
-    its ``server``, ``prefill`` and ``prefill.chunk`` spans (where servers report it)."""
-    carriers = np.isin(stage, [CODE["server"], CODE["prefill"], CODE["prefill.chunk"]])
-    rows = np.flatnonzero((row_req >= 0) & carriers)
-    cached = col.int_attribute(table.column("attributes"), rows, ATTR_CACHED_TOKENS)
+    its ``server`` span, else of its ``prefill`` and ``prefill.chunk`` spans."""
     best = np.full(n_req, -1, np.int64)
-    np.maximum.at(best, row_req[rows], cached)
+    attrs = table.column("attributes")
+    for carriers in ([CODE["server"]], [CODE["prefill"], CODE["prefill.chunk"]]):
+        rows = np.flatnonzero((row_req >= 0) & np.isin(stage, carriers))
+        rows = rows[best[row_req[rows]] < 0]  # only requests still unknown
+        if len(rows):
+            np.maximum.at(best, row_req[rows], col.int_attribute(attrs, rows, ATTR_CACHED_TOKENS))
     names = np.array([None, "cold", "prefix_hit"], dtype=object)
     return names[np.where(best > 0, 2, np.where(best == 0, 1, 0))]

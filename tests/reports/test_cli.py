@@ -173,3 +173,32 @@ def test_empty_trace_reports_no_requests(tmp_path):
     result = runner.invoke(app, ["analyze", str(empty)])
     assert result.exit_code == 0, result.output
     assert "No request has a TTFT window" in result.stdout
+
+
+def test_analyze_reads_a_directory_of_parts(trace, tmp_path):
+    from ttft.collectors.store import TraceWriter
+
+    table = read_trace(trace)
+    target = tmp_path / "run.parquet"
+    writer = TraceWriter(target, flush_spans=2_000, merge_on_close=False)
+    for batch in table.to_batches(max_chunksize=1_500):
+        writer.append(batch)
+    writer.close()
+    parts = tmp_path / "run.parquet.parts"
+    assert len(list(parts.glob("part-*.parquet"))) > 1
+    whole = json.loads(runner.invoke(app, ["analyze", str(trace), "--json"]).stdout)
+    split = json.loads(runner.invoke(app, ["analyze", str(parts), "--json"]).stdout)
+    assert split["stages"] == whole["stages"] and split["requests"] == 300
+
+
+def test_analyze_never_imports_torch(trace):
+    code = (
+        "import sys\n"
+        "from ttft.reports.cli import main\n"
+        f"sys.argv = ['ttft', 'analyze', {str(trace)!r}, '--json']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["requests"] == 300
