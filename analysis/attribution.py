@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 
 from ttft.analysis._buckets import iter_blocks, nearest_ancestor, take_rows
-from ttft.analysis.assemble import CODE, N_STAGES, Assembly
+from ttft.analysis._trees import CODE, N_STAGES
+from ttft.analysis.assemble import Assembly
 from ttft.analysis.quality import Quality
 from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES, PRIORITY, ROOT_ONLY_STAGE, STAGE_NAMES
 

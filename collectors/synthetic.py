@@ -48,6 +48,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ttft.collectors._synthetic_columns import (
+    hex_strings,
+    id_lists,
+    json_object,
+    repeat,
+    request_ids,
+    span_hex,
+    trace_hex,
+)
 from ttft.tracer.schema import (
     ATTR_CACHED_TOKENS,
     ATTR_CHUNK_TOKENS,
@@ -107,9 +116,6 @@ _SLOT = {"client": 0, "connect": 1, **{e: 2 + i for i, e in enumerate(_EVENT_NAM
          EV_TOKEN: 7, "server": 10, "tokenize": 11, "queue": 12, "schedule": 13, "prefill": 14,
          "prefill.chunk": 15, "sample": 18, "detokenize": 19, "stream": 20,
          EV_FIRST_SAMPLED: 21, EV_FIRST_BYTE: 22}
-
-_HEX4 = np.frombuffer("".join(f"{v:04x}" for v in range(65536)).encode(), np.uint32)
-
 
 @dataclass
 class SyntheticTrace:
@@ -265,7 +271,7 @@ def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
     """The rows of cohorts ``[c_lo, c_hi)``: their requests' traces and their engine traces."""
     starts = lay["starts"]
     r = np.arange(starts[c_lo], starts[c_hi])
-    ids = _request_ids(r)
+    ids = request_ids(r)
     rows: list[tuple] = []
 
     def add(kind: str, ent: np.ndarray, slot, parent, start: np.ndarray, end: np.ndarray,
@@ -274,7 +280,7 @@ def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
         rows.append((np.full(size, _KIND[kind], np.int32), ent, np.broadcast_to(slot, size),
                      np.broadcast_to(parent, size), start, end,
                      pc.take(ids, ent - r[0]) if rid else pa.nulls(size, pa.string()),
-                     attrs if attrs is not None else _repeat("{}", size)))
+                     attrs if attrs is not None else repeat("{}", size)))
 
     def req(name: str, start: np.ndarray, end: np.ndarray, parent: int, attrs=None) -> None:
         add(name, r, _SLOT[name], parent, start, end, attrs=attrs)
@@ -296,11 +302,11 @@ def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
         add(EV_TOKEN, r, _SLOT[EV_TOKEN] + i, cl, token_ns[:, i], token_ns[:, i], rid=False)
 
     req("server", g["s"], client_end - g["d"], cl,
-        _json({ATTR_PROMPT_TOKENS: g["prompt"], ATTR_CACHED_TOKENS: g["cached"]}))
+        json_object({ATTR_PROMPT_TOKENS: g["prompt"], ATTR_CACHED_TOKENS: g["cached"]}))
     m = lay["has_tok"][r]
     tok_start = g["s"] + g["t0"]
     add("tokenize", r[m], _SLOT["tokenize"], sv, tok_start[m], (tok_start + g["tok"])[m],
-        attrs=_json({ATTR_PROMPT_TOKENS: g["prompt"][m]}))
+        attrs=json_object({ATTR_PROMPT_TOKENS: g["prompt"][m]}))
     q1, cs, ce = lay["q1"][c], lay["cs"][c], lay["ce"][c]
     pe = ce[np.arange(len(r)), lay["k"][c] - 1]
     req("queue", g["q0"], q1, sv)
@@ -309,7 +315,7 @@ def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
     step0 = lay["step0"]
     for i in range(3):
         m = lay["live"][c, i]
-        attrs = _json({ATTR_STEP_ID: (step0[c] + 2 * i)[m],
+        attrs = json_object({ATTR_STEP_ID: (step0[c] + 2 * i)[m],
                        ATTR_CHUNK_TOKENS: lay["tokens"][r[m], i],
                        ATTR_CACHED_TOKENS: g["cached"][m],
                        ATTR_CONTEXT_TOKENS: lay["context"][r[m], i]})
@@ -327,25 +333,25 @@ def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
     ent = lay["n"] + coh
     prev_lo = starts[np.maximum(coh - 1, 0)]
     prev_n = starts[coh] - prev_lo
-    batch = _id_lists(prev_lo, starts[coh + 1])
+    batch = id_lists(prev_lo, starts[coh + 1])
     live = lay["live"][coh]
     cs, ce = lay["cs"][coh], lay["ce"][coh]
     for i in range(3):
         m = live[:, i]
         sid = (step0[coh] + 2 * i)[m]
-        add("step", ent[m], 6 * i, -1, cs[m, i], ce[m, i], False, _json({
+        add("step", ent[m], 6 * i, -1, cs[m, i], ce[m, i], False, json_object({
             ATTR_STEP_ID: sid, ATTR_REQUEST_IDS: batch.filter(pa.array(m)),
             ATTR_PREFILL_TOKENS: lay["prefill_tokens"][coh[m], i], ATTR_DECODE_TOKENS: prev_n[m]}))
         add("forward", ent[m], 6 * i + 1, 6 * i, lay["fs"][coh[m], i], lay["fe"][coh[m], i], False,
-            _json({ATTR_STEP_ID: sid}))
+            json_object({ATTR_STEP_ID: sid}))
         add("gpu", ent[m], 6 * i + 2, 6 * i + 1, lay["gs"][coh[m], i], lay["ge"][coh[m], i], False,
-            _json({ATTR_STEP_ID: sid}))
+            json_object({ATTR_STEP_ID: sid}))
     for i in range(2):
         m = live[:, i + 1] & (coh > 0)
         gap = lay["gap"][coh[m], i]
         add("step", ent[m], 6 * i + 3, -1, ce[m, i] + gap // 10, cs[m, i + 1] - gap // 10, False,
-            _json({ATTR_STEP_ID: (step0[coh] + 2 * i + 1)[m],
-                   ATTR_REQUEST_IDS: _id_lists(prev_lo[m], starts[coh[m]]),
+            json_object({ATTR_STEP_ID: (step0[coh] + 2 * i + 1)[m],
+                   ATTR_REQUEST_IDS: id_lists(prev_lo[m], starts[coh[m]]),
                    ATTR_PREFILL_TOKENS: np.zeros(int(m.sum()), np.int64),
                    ATTR_DECODE_TOKENS: prev_n[m]}))
     return _batch(rows, np.concatenate([r, ent]), len(r), lay["seed"])
@@ -361,9 +367,9 @@ def _batch(rows: list[tuple], entities: np.ndarray, split: int, seed: int) -> pa
     ent = ent.astype(np.uint64)
     has_parent = parent >= 0
     arrays = [
-        _hex_strings(np.take(_trace_hex(entities.astype(np.uint64), seed), local, axis=0)),
-        _hex_strings(_span_hex(ent * _SLOTS + slot.astype(np.uint64), seed)),
-        _hex_strings(_span_hex((ent * _SLOTS + parent.astype(np.uint64))[has_parent], seed),
+        hex_strings(np.take(trace_hex(entities.astype(np.uint64), seed), local, axis=0)),
+        hex_strings(span_hex(ent * _SLOTS + slot.astype(np.uint64), seed)),
+        hex_strings(span_hex((ent * _SLOTS + parent.astype(np.uint64))[has_parent], seed),
                      has_parent),
         pa.concat_arrays([row[6] for row in rows]),
         _NAMES.take(pa.array(kind)),
@@ -416,85 +422,14 @@ def _expected(parts: dict[str, np.ndarray], seed: int, block: int = 131_072) -> 
         out[4].append(matrix[mask])
     req, boundary, policy, stage, value = (np.concatenate(o) for o in out)
     del out
-    trace_ids = _hex_strings(_trace_hex(np.arange(n, dtype=np.uint64), seed))
+    trace_ids = hex_strings(trace_hex(np.arange(n, dtype=np.uint64), seed))
     cat = pd.Categorical.from_codes
     return pd.DataFrame({
         "trace_id": cat(req, categories=pd.Index(trace_ids.to_numpy(zero_copy_only=False))),
         "request_id": cat(req, categories=pd.Index(
-            _request_ids(np.arange(n)).to_numpy(zero_copy_only=False))),
+            request_ids(np.arange(n)).to_numpy(zero_copy_only=False))),
         "boundary": cat(boundary, categories=list(BOUNDARY_NAMES)),
         "policy": cat(policy, categories=list(POLICIES)),
         "stage": cat(stage, categories=list(stages)),
         "attributed_ns": value,
     }, copy=False)
-
-
-def _json(fields: dict[str, np.ndarray | pa.Array]) -> pa.Array:
-    """Compact JSON objects, one per row: integers from arrays, JSON fragments from Arrow."""
-    parts: list = []
-    for i, (key, value) in enumerate(fields.items()):
-        parts.append(("{" if i == 0 else ",") + json.dumps(key) + ":")
-        parts.append(value if isinstance(value, pa.Array) else pa.array(value).cast(pa.string()))
-    return pc.binary_join_element_wise(*parts, "}", "")
-
-
-def _request_ids(r: np.ndarray) -> pa.Array:
-    return pc.binary_join_element_wise("cmpl-", pa.array(r).cast(pa.string()), "")
-
-
-def _id_lists(lo: np.ndarray, hi: np.ndarray) -> pa.Array:
-    """JSON lists of the request ids of requests ``[lo, hi)``, one list per pair."""
-    sizes = hi - lo
-    offsets = np.zeros(len(lo) + 1, np.int64)
-    offsets[1:] = np.cumsum(sizes)
-    idx = np.arange(offsets[-1]) - np.repeat(offsets[:-1] - lo, sizes)
-    quoted = pc.binary_join_element_wise('"', _request_ids(idx), '"', "")
-    lists = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), quoted)
-    return pc.binary_join_element_wise("[", pc.binary_join(lists, ","), "]", "")
-
-
-def _repeat(value: str, size: int) -> pa.Array:
-    return pa.repeat(value, size).cast(pa.string())
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer: a bijection on uint64, so distinct counters give distinct ids."""
-    z = x + np.uint64(0x9E3779B97F4A7C15)
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return z
-
-
-def _key(seed: int, domain: int) -> np.uint64:
-    return _mix64(np.array([(seed * 4 + domain) % 2**64], np.uint64))[0]
-
-
-def _span_hex(counter: np.ndarray, seed: int) -> np.ndarray:
-    return _hex64(_mix64(counter ^ _key(seed, 0)))
-
-
-def _trace_hex(entity: np.ndarray, seed: int) -> np.ndarray:
-    low = _mix64(entity ^ _key(seed, 1))
-    return np.concatenate([_hex64(_mix64(low ^ _key(seed, 2))), _hex64(low)], axis=1)
-
-
-def _hex64(x: np.ndarray) -> np.ndarray:
-    """(n,) uint64 -> (n, 16) uint8 lowercase hex digits, most significant first."""
-    return _HEX4[x.astype(">u8").view(">u2")].view(np.uint8).reshape(len(x), 16)
-
-
-def _hex_strings(chars: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
-    """Arrow strings from fixed-width characters; with ``valid``, ``chars`` holds only the
-    valid rows and the others are null."""
-    width = chars.shape[1]
-    n = len(chars) if valid is None else len(valid)
-    count = np.arange(n + 1) if valid is None else np.concatenate([[0], np.cumsum(valid)])
-    offsets = pa.py_buffer((count * width).astype(np.int32))
-    data = pa.py_buffer(np.ascontiguousarray(chars).reshape(-1))
-    if valid is None:
-        return pa.StringArray.from_buffers(n, offsets, data)
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.StringArray.from_buffers(n, offsets, data, bitmap, int(n - valid.sum()))

@@ -91,20 +91,8 @@ def test_tail_against_middle(summary):
     assert tail["queue"]["median_mean"] == pytest.approx(8.0)
 
 
-def test_json_shape(summary):
-    assert list(summary) == [
-        "trace",
-        "schema_version",
-        "boundary",
-        "policy",
-        "requests",
-        "ttft_ms",
-        "stages",
-        "conditions",
-        "itl_ms",
-        "tail",
-        "quality",
-    ]
+def test_stage_entry_shape(summary):
+    # the top-level shape is checked through the CLI (tests/reports/test_cli.py)
     assert set(summary["stages"]["queue"]) == {
         "p50",
         "p90",
