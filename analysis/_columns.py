@@ -52,7 +52,9 @@ def codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     if isinstance(col, pa.Array):
         col = pa.chunked_array([col], type=col.type)
     if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(col)
+        # One hash table over the whole column: encoding chunk by chunk and unifying the
+        # dictionaries afterwards is several times slower for high-cardinality ids.
+        col = pa.chunked_array([pc.dictionary_encode(_array(col))])
     col = col.unify_dictionaries()
     if col.num_chunks == 0:
         return np.empty(0, np.int32), []

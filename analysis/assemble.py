@@ -210,18 +210,33 @@ def _join_gpu(
         return empty, empty
     service, _ = col.codes(table.column("service"))
     attrs = table.column("attributes")
-    left = pd.DataFrame(
-        {
-            "svc": service[chunks],
-            "step": col.int_attribute(attrs, chunks, ATTR_STEP_ID),
-            "c": chunks,
-        }
-    )
-    right = pd.DataFrame(
-        {"svc": service[gpus], "step": col.int_attribute(attrs, gpus, ATTR_STEP_ID), "g": gpus}
-    )
-    pairs = left[left.step >= 0].merge(right[right.step >= 0], on=["svc", "step"])
-    return pairs["c"].to_numpy(np.int64), pairs["g"].to_numpy(np.int64)
+    c_step = col.int_attribute(attrs, chunks, ATTR_STEP_ID)
+    g_step = col.int_attribute(attrs, gpus, ATTR_STEP_ID)
+    chunks, c_step = chunks[c_step >= 0], c_step[c_step >= 0]
+    gpus, g_step = gpus[g_step >= 0], g_step[g_step >= 0]
+    # Sort the gpu keys once; each chunk finds its run of equal keys by binary search.
+    c_key = np.stack([service[chunks].astype(np.int64), c_step], axis=1)
+    g_key = np.stack([service[gpus].astype(np.int64), g_step], axis=1)
+    order = np.lexsort((g_key[:, 1], g_key[:, 0]))
+    g_sorted = g_key[order]
+    lo = _search(g_sorted, c_key, "left")
+    hi = _search(g_sorted, c_key, "right")
+    many = hi - lo
+    left = np.repeat(chunks, many)
+    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(many)[:-1]]), many)
+    right = gpus[order[starts + np.arange(len(left))]]
+    return left.astype(np.int64), right.astype(np.int64)
+
+
+def _search(sorted_keys: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
+    """``searchsorted`` on ``(service, step)`` pairs sorted lexicographically."""
+    big = np.int64(1) << 40
+    if sorted_keys[:, 1].max(initial=0) < big and keys[:, 1].max(initial=0) < big:
+        flat = sorted_keys[:, 0] * big + sorted_keys[:, 1]
+        return np.searchsorted(flat, keys[:, 0] * big + keys[:, 1], side=side)
+    records = np.rec.fromarrays([sorted_keys[:, 0], sorted_keys[:, 1]])
+    wanted = np.rec.fromarrays([keys[:, 0], keys[:, 1]])
+    return np.searchsorted(records, wanted, side=side)
 
 
 def _add_tree_examples(

@@ -171,10 +171,7 @@ class _Block:
         self.out_stage = np.where(is_root, root_stage, stage)
         self.is_root = is_root
         self.rootcol = rootcol
-        # Parent: nearest included ancestor, else the root (or the virtual root: -1).
-        par = nearest_ancestor(sp.parent[pos], inc)
-        self.parent = np.where(~is_root & (par < 0), rootcol, par)
-        self.parent = np.where(is_root, -1, self.parent)
+        self._tree_parent = sp.parent[pos]
         self.depth = sp.depth[pos].astype(np.int64)
         self.start = start
         self.sid_hi, self.sid_lo = sp.sid_hi[pos], sp.sid_lo[pos]
@@ -182,6 +179,13 @@ class _Block:
         self.prio = np.where(inc, prio, -1)
 
     # -- exclusive order and elementary segments -------------------------------------
+    @cached_property
+    def parent(self) -> np.ndarray:
+        """Nearest included ancestor's column; else the root's (the virtual root: -1)."""
+        par = nearest_ancestor(self._tree_parent, self.inc)
+        par = np.where(~self.is_root & (par < 0), self.rootcol, par)
+        return np.where(self.is_root, -1, par)
+
     @cached_property
     def _order(self) -> np.ndarray:
         """Columns sorted by ascending exclusive key (priority, depth, start, span_id)."""

@@ -413,3 +413,17 @@ def test_exclusive_adding_a_span_inside_a_higher_one_changes_nothing(seed, bound
     assert parts_by_trace(rows + [extra], boundary, "exclusive") == parts_by_trace(
         rows, boundary, "exclusive"
     )
+
+
+@pytest.mark.parametrize("step", [2, 2**50])
+def test_step_join_copies_every_gpu_span_of_the_step(step):
+    rows = one_request()
+    for r in rows:
+        if r["attributes"] and '"step_id": 2' in r["attributes"]:
+            r["attributes"] = r["attributes"].replace('"step_id": 2', f'"step_id": {step}')
+    rows.append(row(2, 22, "gpu", 64, 74, parent=20, clock="gpu:1", step_id=step))
+    rows.append(row(3, 23, "gpu", 30, 35, clock="gpu:0", step_id=step, service="other"))
+    asm = assemble(table(rows))
+    gpu = asm.spans.stage == 13
+    assert sorted(asm.spans.start_ns[gpu].tolist()) == [62, 64]  # not the other service's
+    assert parts("client", "exclusive", rows)["gpu"] == 12  # [62, 74)

@@ -35,16 +35,23 @@ def test_spans_events_and_links_from_a_real_tracer_provider(tmp_path):
     provider = provider_for(ParquetSpanExporter(path, metadata={"workload": "unit"}))
     tracer = provider.get_tracer("test")
 
-    root = tracer.start_span("server", start_time=T0_NS,
-                             attributes={"ttft.request_id": "r1", "http.method": "POST"})
+    root = tracer.start_span(
+        "server", start_time=T0_NS, attributes={"ttft.request_id": "r1", "http.method": "POST"}
+    )
     in_root = trace.set_span_in_context(root)
     tokenize = tracer.start_span("tokenize", context=in_root, start_time=T0_NS + 10)
     tokenize.add_event("first_sampled", {"token_id": 42}, timestamp=T0_NS + 15)
     tokenize.end(end_time=T0_NS + 20)
     forward = tracer.start_span(
-        "model.forward", context=trace.set_span_in_context(tokenize), start_time=T0_NS + 20,
-        attributes={"ttft.stage": "forward", "ttft.clock": "gpu:0", "step_id": 3,
-                    "request_ids": ("r1", "r2")},
+        "model.forward",
+        context=trace.set_span_in_context(tokenize),
+        start_time=T0_NS + 20,
+        attributes={
+            "ttft.stage": "forward",
+            "ttft.clock": "gpu:0",
+            "step_id": 3,
+            "request_ids": ("r1", "r2"),
+        },
         links=[Link(root.get_span_context(), {"why": "batched"})],
     )
     forward.end(end_time=T0_NS + 50)
@@ -62,26 +69,76 @@ def test_spans_events_and_links_from_a_real_tracer_provider(tmp_path):
     assert event_id not in {root_id, tokenize_id, forward_id, marker_id}
     common = {"trace_id": trace_id, "service": "api"}
     assert rows == [
-        {**common, "span_id": tokenize_id, "parent_id": root_id, "request_id": None,
-         "name": "tokenize", "stage": "tokenize", "start_ns": T0_NS + 10,
-         "end_ns": T0_NS + 20, "clock": HOST_CLOCK, "attributes": "{}"},
-        {**common, "span_id": event_id, "parent_id": tokenize_id, "request_id": None,
-         "name": "first_sampled", "stage": "event", "start_ns": T0_NS + 15,
-         "end_ns": T0_NS + 15, "clock": HOST_CLOCK, "attributes": '{"token_id":42}'},
-        {**common, "span_id": forward_id, "parent_id": tokenize_id, "request_id": None,
-         "name": "model.forward", "stage": "forward", "start_ns": T0_NS + 20,
-         "end_ns": T0_NS + 50, "clock": "gpu:0",
-         "attributes": json.dumps(
-             {"links": [{"attributes": {"why": "batched"}, "span_id": root_id,
-                         "trace_id": trace_id}],
-              "request_ids": ["r1", "r2"], "step_id": 3},
-             sort_keys=True, separators=(",", ":"))},
-        {**common, "span_id": marker_id, "parent_id": root_id, "request_id": None,
-         "name": "first_byte", "stage": "event", "start_ns": T0_NS + 60,
-         "end_ns": T0_NS + 60, "clock": HOST_CLOCK, "attributes": "{}"},
-        {**common, "span_id": root_id, "parent_id": None, "request_id": "r1",
-         "name": "server", "stage": "server", "start_ns": T0_NS, "end_ns": T0_NS + 70,
-         "clock": HOST_CLOCK, "attributes": '{"http.method":"POST"}'},
+        {
+            **common,
+            "span_id": tokenize_id,
+            "parent_id": root_id,
+            "request_id": None,
+            "name": "tokenize",
+            "stage": "tokenize",
+            "start_ns": T0_NS + 10,
+            "end_ns": T0_NS + 20,
+            "clock": HOST_CLOCK,
+            "attributes": "{}",
+        },
+        {
+            **common,
+            "span_id": event_id,
+            "parent_id": tokenize_id,
+            "request_id": None,
+            "name": "first_sampled",
+            "stage": "event",
+            "start_ns": T0_NS + 15,
+            "end_ns": T0_NS + 15,
+            "clock": HOST_CLOCK,
+            "attributes": '{"token_id":42}',
+        },
+        {
+            **common,
+            "span_id": forward_id,
+            "parent_id": tokenize_id,
+            "request_id": None,
+            "name": "model.forward",
+            "stage": "forward",
+            "start_ns": T0_NS + 20,
+            "end_ns": T0_NS + 50,
+            "clock": "gpu:0",
+            "attributes": json.dumps(
+                {
+                    "links": [
+                        {"attributes": {"why": "batched"}, "span_id": root_id, "trace_id": trace_id}
+                    ],
+                    "request_ids": ["r1", "r2"],
+                    "step_id": 3,
+                },
+                sort_keys=True,
+                separators=(",", ":"),
+            ),
+        },
+        {
+            **common,
+            "span_id": marker_id,
+            "parent_id": root_id,
+            "request_id": None,
+            "name": "first_byte",
+            "stage": "event",
+            "start_ns": T0_NS + 60,
+            "end_ns": T0_NS + 60,
+            "clock": HOST_CLOCK,
+            "attributes": "{}",
+        },
+        {
+            **common,
+            "span_id": root_id,
+            "parent_id": None,
+            "request_id": "r1",
+            "name": "server",
+            "stage": "server",
+            "start_ns": T0_NS,
+            "end_ns": T0_NS + 70,
+            "clock": HOST_CLOCK,
+            "attributes": '{"http.method":"POST"}',
+        },
     ]
     assert read_metadata(path) == {"workload": "unit", "schema_version": SCHEMA_VERSION}
 
@@ -92,8 +149,9 @@ def test_point_spans_stay_one_row_and_unknown_stages_are_kept(tmp_path):
     provider = provider_for(ParquetSpanExporter(writer, metadata={"run": 3}), service="client")
     tracer = provider.get_tracer("test")
 
-    point = tracer.start_span("first_token", start_time=T0_NS,
-                              attributes={"ttft.stage": "event", "request_id": 17})
+    point = tracer.start_span(
+        "first_token", start_time=T0_NS, attributes={"ttft.stage": "event", "request_id": 17}
+    )
     point.add_event("chunk", {"bytes": 5}, timestamp=T0_NS + 1)
     point.end(end_time=T0_NS + 2)
     odd = tracer.start_span("warmup", start_time=T0_NS, attributes={"ttft.stage": "warm"})
@@ -104,12 +162,19 @@ def test_point_spans_stay_one_row_and_unknown_stages_are_kept(tmp_path):
     assert writer.closed
     rows = read_trace(path).to_pylist()
     assert [(r["name"], r["stage"], r["request_id"], r["attributes"]) for r in rows] == [
-        ("first_token", "event", "17",
-         '{"events":[{"attributes":{"bytes":5},"name":"chunk",'
-         f'"timestamp_ns":{T0_NS + 1}}}]}}'),
-        ("warmup", "other", None,
-         '{"otel.status_code":"ERROR","otel.status_description":"cuda oom",'
-         '"ttft.stage":"warm"}'),
+        (
+            "first_token",
+            "event",
+            "17",
+            '{"events":[{"attributes":{"bytes":5},"name":"chunk",'
+            f'"timestamp_ns":{T0_NS + 1}}}]}}',
+        ),
+        (
+            "warmup",
+            "other",
+            None,
+            '{"otel.status_code":"ERROR","otel.status_description":"cuda oom","ttft.stage":"warm"}',
+        ),
     ]
     assert read_metadata(path) == {"run": 3, "schema_version": SCHEMA_VERSION}
 
@@ -141,8 +206,7 @@ def test_a_closed_writer_makes_export_fail_without_raising(tmp_path, caplog):
 
 
 def test_a_failing_disk_makes_export_fail_and_shutdown_quiet(tmp_path, caplog):
-    exporter = ParquetSpanExporter(tmp_path / "trace.parquet", flush_spans=1,
-                                   flush_interval_s=None)
+    exporter = ParquetSpanExporter(tmp_path / "trace.parquet", flush_spans=1, flush_interval_s=None)
     parts = tmp_path / "trace.parquet.parts"
     shutil.rmtree(parts)
     parts.write_bytes(b"")  # a file where the parts directory was: every write fails
@@ -167,7 +231,10 @@ def test_a_bad_span_is_dropped_and_the_rest_written(tmp_path, caplog):
     exporter = ParquetSpanExporter(path)
     good = finished_spans(2)
     backwards = ReadableSpan(
-        name="backwards", context=SpanContext(1, 2, is_remote=False), start_time=10, end_time=5,
+        name="backwards",
+        context=SpanContext(1, 2, is_remote=False),
+        start_time=10,
+        end_time=5,
     )
 
     with caplog.at_level(logging.ERROR, logger="ttft.collectors.otel_exporter"):

@@ -57,8 +57,12 @@ def test_round_trip_keeps_values_types_and_metadata(tmp_path):
     assert table.schema.equals(SPAN_SCHEMA)
     assert table.schema.field("stage").type == pa.dictionary(pa.int32(), pa.string())
     assert table.to_pylist() == rows(0, 6)
-    expected_metadata = {"workload": "chat", "seed": 7, "device": "H200",
-                         "schema_version": SCHEMA_VERSION}
+    expected_metadata = {
+        "workload": "chat",
+        "seed": 7,
+        "device": "H200",
+        "schema_version": SCHEMA_VERSION,
+    }
     assert read_metadata(path) == expected_metadata
     assert json.loads(table.schema.metadata[METADATA_KEY]) == expected_metadata
     assert not (tmp_path / "trace.parquet.parts").exists()
@@ -69,9 +73,11 @@ def test_append_casts_tables_and_batches_with_plain_string_columns(tmp_path):
     plain = pa.Table.from_pylist(rows(0, 3))  # stage, clock, service inferred as string
     assert plain.schema.field("stage").type == pa.string()
     int8_dict = pa.RecordBatch.from_pylist(rows(3, 5)).set_column(
-        5, "stage",
-        pa.array(["queue", "prefill"]).dictionary_encode().cast(
-            pa.dictionary(pa.int8(), pa.string())),
+        5,
+        "stage",
+        pa.array(["queue", "prefill"])
+        .dictionary_encode()
+        .cast(pa.dictionary(pa.int8(), pa.string())),
     )
     path = tmp_path / "trace.parquet"
     with TraceWriter(path, flush_interval_s=NEVER) as writer:
@@ -99,10 +105,14 @@ def test_to_span_table_fills_missing_nullable_columns_with_nulls():
     [
         ([span_row(0), {**span_row(1), "dur_ns": 5}], "row 1: unknown field(s) dur_ns"),
         ([span_row(0), span_row(1, name=None)], "row 1, field 'name': null in a required column"),
-        ([span_row(0), span_row(1, start_ns=10, end_ns=9)],
-         "row 1, field 'end_ns': end_ns 9 is before start_ns 10"),
-        (pa.table({"name": ["x"]}),
-         "missing required column(s): trace_id, stage, start_ns, end_ns, clock, service"),
+        (
+            [span_row(0), span_row(1, start_ns=10, end_ns=9)],
+            "row 1, field 'end_ns': end_ns 9 is before start_ns 10",
+        ),
+        (
+            pa.table({"name": ["x"]}),
+            "missing required column(s): trace_id, stage, start_ns, end_ns, clock, service",
+        ),
     ],
 )
 def test_append_rejects_rows_that_do_not_fit_the_schema(tmp_path, data, message):
@@ -120,7 +130,9 @@ def test_many_flushes_write_parts_then_merge_all_rows_in_order(tmp_path):
         writer.append([span_row(i)])
 
     assert sorted(p.name for p in parts.iterdir()) == [
-        "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
     ]
     assert read_trace(parts).to_pylist() == rows(0, 9)
     assert writer.rows_written == 9
@@ -137,8 +149,9 @@ def test_many_flushes_write_parts_then_merge_all_rows_in_order(tmp_path):
 
 def test_without_merge_the_directory_of_parts_is_the_trace(tmp_path):
     path = tmp_path / "trace.parquet"
-    with TraceWriter(path, flush_spans=4, flush_interval_s=NEVER, merge_on_close=False,
-                     metadata={"run": 1}) as writer:
+    with TraceWriter(
+        path, flush_spans=4, flush_interval_s=NEVER, merge_on_close=False, metadata={"run": 1}
+    ) as writer:
         writer.append(rows(0, 10))  # one part of 10: a flush takes the whole buffer
         writer.append(rows(10, 12))
 
@@ -183,13 +196,16 @@ def test_a_killed_writer_leaves_exactly_the_flushed_rows(tmp_path):
         os._exit(1)
         """
     )
-    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60
+    )
     assert (result.returncode, result.stderr) == (1, "")
 
     parts = tmp_path / "trace.parquet.parts"
     assert sorted(p.name for p in parts.iterdir()) == [
-        ".part-00002.parquet.tmp", "part-00000.parquet", "part-00001.parquet"
+        ".part-00002.parquet.tmp",
+        "part-00000.parquet",
+        "part-00001.parquet",
     ]
     table = read_trace(parts)
     assert [(r["name"], r["start_ns"]) for r in table.to_pylist()] == [
@@ -302,8 +318,9 @@ def test_concurrent_appends_and_timed_flushes_keep_every_row(tmp_path):
     path = tmp_path / "trace.parquet"
     with TraceWriter(path, flush_spans=37, flush_interval_s=0.001) as writer:
         threads = [
-            threading.Thread(target=lambda k=k: [writer.append([span_row(k * 1000 + i)])
-                                                 for i in range(300)])
+            threading.Thread(
+                target=lambda k=k: [writer.append([span_row(k * 1000 + i)]) for i in range(300)]
+            )
             for k in range(8)
         ]
         for thread in threads:

@@ -91,7 +91,13 @@ def test_expected_sums_to_every_window(spans, expected):
 
 def test_expected_rows_are_positive_and_named(expected, spans):
     assert list(expected.columns) == [
-        "trace_id", "request_id", "boundary", "policy", "stage", "attributed_ns"]
+        "trace_id",
+        "request_id",
+        "boundary",
+        "policy",
+        "stage",
+        "attributed_ns",
+    ]
     assert (expected["attributed_ns"] > 0).all()
     assert set(expected["boundary"]) == set(BOUNDARY_NAMES)
     assert set(expected["policy"]) == set(POLICIES)
@@ -112,7 +118,8 @@ def test_derived_stages_appear_where_the_layout_puts_them(expected):
 
 def test_the_gpu_tail_is_split_by_policy(expected):
     gpu = expected[expected["stage"] == "gpu"].pivot_table(
-        index=["trace_id", "boundary"], columns="policy", values="attributed_ns")
+        index=["trace_id", "boundary"], columns="policy", values="attributed_ns"
+    )
     tail = gpu["exclusive"] - gpu["critical-path"]
     assert (tail > 0).all()
     assert (gpu["shared"] - gpu["critical-path"]).equals((tail + 1) // 2)
@@ -157,12 +164,15 @@ def test_some_requests_hit_the_prefix_cache_and_some_are_cold(spans):
 
 
 def test_chunks_have_gaps_and_gpu_outlasts_only_the_last(spans):
-    chunks = spans[spans["stage"] == "prefill.chunk"].assign(
-        step_id=lambda d: attrs(d, "step_id"))
+    chunks = spans[spans["stage"] == "prefill.chunk"].assign(step_id=lambda d: attrs(d, "step_id"))
     gpu = spans[spans["stage"] == "gpu"].assign(step_id=lambda d: attrs(d, "step_id"))
     assert gpu["step_id"].is_unique and set(gpu["clock"]) == {"gpu:0"}
-    joined = chunks.merge(gpu[["step_id", "start_ns", "end_ns"]], on="step_id",
-                          suffixes=("", "_gpu"), validate="many_to_one")
+    joined = chunks.merge(
+        gpu[["step_id", "start_ns", "end_ns"]],
+        on="step_id",
+        suffixes=("", "_gpu"),
+        validate="many_to_one",
+    )
     assert len(joined) == len(chunks)
     joined = joined.sort_values(["trace_id", "start_ns"])
     last = ~joined["trace_id"].duplicated(keep="last")
