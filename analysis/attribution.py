@@ -114,10 +114,7 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     # A request without spans still has a window (events only): it is all root time.
     counts = np.where(has, sp.counts, 0)
     lone = np.flatnonzero(has & (counts == 0))
-    root_code = CODE[ROOT_ONLY_STAGE[boundary]]
-    out["att"][lone, root_code if boundary != "engine" else CODE["unattributed"]] = (
-        b[lone] - a[lone]
-    )
+    out["att"][lone, CODE[ROOT_ONLY_STAGE[boundary]]] = b[lone] - a[lone]
     for ids, pos in iter_blocks(counts, sp.offsets):
         block = _Block(sp, ids, pos, a, b, root, boundary, cut_lo, cut_hi, has_cut)
         run = {"exclusive": block.exclusive, "shared": block.shared}
