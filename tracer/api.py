@@ -1,0 +1,291 @@
+"""The instrumentation API: ``configure``, ``stage``, ``event``, ``record``, ``link_step``.
+
+Every call is safe before ``configure`` (it records nothing) and after ``shutdown``
+(records are dropped and counted). None of them blocks or raises into the traced code
+because of tracing: the recorder queues, a background thread exports.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from ttft.tracer import context as ctx
+from ttft.tracer.recorder import FlushResult, Recorder
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
+"""Added to ``perf_counter_ns`` gives epoch ns: the clock is anchored once, per process."""
+_perf_ns = time.perf_counter_ns
+_get_current = ctx.current.get
+_set_current = ctx.current.set
+_reset_current = ctx.current.reset
+_span_ids = ctx._span_ids
+_recorder: Recorder | None = None
+
+
+def clock_ns() -> int:
+    """Now, in Unix-epoch ns, from the monotonic clock anchored once to the epoch."""
+    return _perf_ns() + _OFFSET_NS
+
+
+class _Forward(SpanProcessor):
+    """Sends spans the user makes through ``tracer_provider`` out with the recorder's."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.recorder.add_readable(span)
+
+
+class Tracing:
+    """The handle ``configure`` returns.
+
+    Attributes:
+        recorder: the recorder (counts, exporters).
+        tracer_provider: an OpenTelemetry ``TracerProvider`` with the same resource, whose
+            spans are exported with ttft's.
+    """
+
+    def __init__(self, recorder: Recorder, provider: TracerProvider) -> None:
+        self.recorder = recorder
+        self.tracer_provider = provider
+
+    def flush(self, timeout_s: float = 10.0) -> FlushResult:
+        """Export every span recorded so far; returns exported/dropped/failed counts."""
+        return self.recorder.flush(timeout_s)
+
+    def shutdown(self, timeout_s: float = 10.0) -> FlushResult:
+        """Flush, stop exporting and shut the exporters down; later spans are dropped."""
+        global _recorder
+        result = self.recorder.shutdown(timeout_s)
+        if _recorder is self.recorder:
+            _recorder = None
+        return result
+
+
+def configure(
+    service: str,
+    exporters: Sequence[SpanExporter] = (),
+    *,
+    capacity: int = 1 << 16,
+    flush_interval_s: float = 0.5,
+    clock: str | None = None,
+    **resource_attributes: Any,
+) -> Tracing:
+    """Start recording for this process.
+
+    Args:
+        service: ``service.name`` of every span.
+        exporters: OpenTelemetry span exporters (ttft's ``ParquetSpanExporter``, the
+            OTLP/HTTP exporter, the console exporter, …).
+        capacity: the most spans waiting for export; more are dropped and counted.
+        flush_interval_s: the longest a span waits before it is exported.
+        clock: the clock domain of host spans (default ``host:<hostname>``).
+        resource_attributes: more resource attributes.
+
+    A second ``configure`` shuts the previous recorder down first.
+    """
+    global _recorder
+    if _recorder is not None:
+        _recorder.shutdown()
+    resource = Resource.create({"service.name": service, **resource_attributes})
+    recorder = Recorder(
+        exporters,
+        resource,
+        capacity=capacity,
+        flush_interval_s=flush_interval_s,
+        default_clock=clock or f"host:{socket.gethostname()}",
+        offset_ns=_OFFSET_NS,
+    )
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(_Forward(recorder))
+    _recorder = recorder
+    return Tracing(recorder, provider)
+
+
+def _parent_for(request_id: str | None) -> tuple[ctx.SpanRef | None, str | None]:
+    """The span a new one nests under, and the request it belongs to."""
+    cur = ctx.current.get()
+    if request_id is None:
+        return cur, (cur.request_id if cur is not None else None)
+    if cur is not None and cur.request_id == request_id:
+        return cur, request_id
+    return ctx.requests.get(request_id), request_id
+
+
+class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
+    """Record one span of a stage: ``with stage("tokenize"): ...`` or ``@stage("queue")``.
+
+    Args:
+        name: the stage (``tracer.schema`` names; other names are kept and map to
+            ``other`` when analyzed); also the span name.
+        request_id: the request this stage serves. Without it the span joins the current
+            request (``request_context``) or, outside any, is an engine-level span in the
+            engine's own trace.
+        attributes: span attributes; more can be added with :meth:`set` while it is open.
+
+    Called on the traced thread: it reads a clock twice, sets a ``ContextVar`` and
+    appends itself to the recorder's queue; it never blocks or raises. The recorder's
+    thread turns it into an OpenTelemetry span later.
+    """
+
+    __slots__ = (
+        "name",
+        "parent",
+        "_token",
+        "start_ns",
+        "end_ns",
+        "links",
+        "clock_name",
+        "stage_name",
+    )
+
+    def __init__(self, name: str, *, request_id: str | None = None, **attributes: Any) -> None:
+        self.name = name
+        self.request_id = request_id
+        self.attributes = attributes
+        self.links = None
+
+    def __enter__(self) -> stage:
+        rid = self.request_id
+        cur = _get_current()
+        if rid is None:
+            parent = cur
+            if cur is not None:
+                rid = self.request_id = cur.request_id
+        elif cur is not None and cur.request_id == rid:
+            parent = cur
+        else:
+            parent = ctx.requests.get(rid)
+        self.parent = parent
+        if parent is None:
+            self.trace_id = ctx.new_trace_id()
+            if rid is not None:
+                ctx.requests[rid] = self
+        else:
+            self.trace_id = parent.trace_id
+            if rid is not None and ctx.requests.get(rid) is parent:
+                ctx.requests[rid] = self  # the request's outermost open span
+        self.span_id = next(_span_ids)
+        self.remote = False
+        self._token = _set_current(self)
+        self.start_ns = _perf_ns()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.end_ns = _perf_ns()
+        _reset_current(self._token)
+        rid = self.request_id
+        if rid is not None and ctx.requests.get(rid) is self:
+            if self.parent is not None:
+                ctx.requests[rid] = self.parent
+            else:
+                del ctx.requests[rid]
+        if exc_type is not None:
+            self.attributes["error"] = exc_type.__name__
+        recorder = _recorder
+        if recorder is not None:
+            recorder.add(self)
+
+    def set(self, **attributes: Any) -> None:
+        """Add attributes to the open span."""
+        self.attributes.update(attributes)
+
+    def __call__(self, fn: F) -> F:
+        """Use as a decorator: every call of ``fn`` is one span (coroutines too)."""
+        name, request_id, attributes = self.name, self.request_id, dict(self.attributes)
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with stage(name, request_id=request_id, **attributes):
+                    return await fn(*args, **kwargs)
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with stage(name, request_id=request_id, **attributes):
+                return fn(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+
+def record(
+    name: str,
+    start_ns: int,
+    end_ns: int,
+    *,
+    request_id: str | None = None,
+    parent: ctx.SpanRef | None = None,
+    clock: str | None = None,
+    stage_name: str | None = None,
+    **attributes: Any,
+) -> ctx.SpanRef:
+    """Record a finished span with explicit times (e.g. GPU work resolved later).
+
+    Args:
+        name: span name; its stage is ``stage_name`` or, by default, the name's stage.
+        start_ns, end_ns: Unix-epoch ns in the span's clock domain (``clock_ns()``).
+        request_id: as for :class:`stage`.
+        parent: the parent span (default: the current one, as for :class:`stage`).
+        clock: the clock domain (``gpu:0`` …); default the host's.
+        stage_name: the stage when it is not the name's.
+
+    Returns:
+        The span (a parent for later spans). Never raises because of tracing.
+    """
+    if parent is None:
+        parent, request_id = _parent_for(request_id)
+    elif request_id is None:
+        request_id = parent.request_id
+    span = stage(name, request_id=request_id, **attributes)
+    span.parent = parent
+    span.trace_id = parent.trace_id if parent is not None else ctx.new_trace_id()
+    span.span_id = next(_span_ids)
+    span.remote = False
+    span.start_ns = start_ns - _OFFSET_NS
+    span.end_ns = max(end_ns, start_ns) - _OFFSET_NS
+    span.clock_name = clock
+    span.stage_name = stage_name
+    recorder = _recorder
+    if recorder is not None:
+        recorder.add(span)
+    return span
+
+
+def event(name: str, *, request_id: str | None = None, **attributes: Any) -> ctx.SpanRef:
+    """A point event now (stage ``event``; e.g. ``first_byte``), a child of the current
+    span of the request."""
+    now = _perf_ns() + _OFFSET_NS
+    return record(name, now, now, request_id=request_id, stage_name="event", **attributes)
+
+
+def current_span() -> ctx.SpanRef | None:
+    """The innermost open span of this thread or task, or None."""
+    return ctx.current.get()
+
+
+def link_step(step_span: stage, request_ids: Iterable[str]) -> None:
+    """Link an engine-level ``step`` span to the requests it served (their outermost open
+    spans), and note their ids in its ``request_ids`` attribute."""
+    ids = list(request_ids)
+    links = step_span.links if step_span.links is not None else []
+    for rid in ids:
+        ref = ctx.requests.get(rid)
+        if ref is not None and ref.span_id:
+            links.append((ref.trace_id, ref.span_id, {"request_id": rid}))
+    step_span.links = links
+    step_span.set(request_ids=ids)

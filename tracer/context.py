@@ -1,0 +1,129 @@
+"""Request context: W3C trace context in and out, and which span a new stage nests under.
+
+A request's stages can run on its asyncio task and on the engine's worker thread. Inside
+one thread or task the current span lives in a ``ContextVar`` (copied into new asyncio
+tasks by asyncio itself); across threads a stage names its request (``request_id=``) and
+finds the request's outermost open span in a registry that ``request_context`` fills.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from contextvars import ContextVar
+from typing import Any
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+_system = random.SystemRandom()
+# Ids come from counters started at random points: unique within the process, unlikely
+# to meet another process's, and far cheaper than a random draw per span.
+_span_ids = itertools.count(_system.getrandbits(62) + 1)
+_trace_high = _system.getrandbits(63) + 1
+_trace_ids = itertools.count(_system.getrandbits(62) + 1)
+
+
+def new_trace_id() -> int:
+    """A non-zero 128-bit trace id: a random per-process high half, a counter below."""
+    return (_trace_high << 64) | next(_trace_ids)
+
+
+def new_span_id() -> int:
+    """A non-zero 64-bit span id."""
+    return next(_span_ids)
+
+
+class SpanRef:
+    """What a child needs of its parent: ids, the request it belongs to, attributes.
+
+    Stage handles are SpanRefs themselves; a remote parent (from ``traceparent``) is one
+    too, with ``remote`` set.
+    """
+
+    __slots__ = ("trace_id", "span_id", "request_id", "attributes", "remote")
+
+    def __init__(
+        self,
+        trace_id: int,
+        span_id: int,
+        request_id: str | None,
+        attributes: dict[str, Any] | None = None,
+        remote: bool = False,
+    ) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.request_id = request_id
+        self.attributes = attributes
+        self.remote = remote
+
+    @property
+    def traceparent(self) -> str:
+        """This span as a W3C ``traceparent`` header value (sampled)."""
+        return format_traceparent(self.trace_id, self.span_id)
+
+
+current: ContextVar[SpanRef | None] = ContextVar("ttft_current_span", default=None)
+"""The innermost open span of this thread or task."""
+
+requests: dict[str, SpanRef] = {}
+"""request id → the request's outermost open span (or its remote parent)."""
+
+
+def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:
+    """``(trace_id, parent span id, sampled)`` of a W3C ``traceparent``; None if absent or
+    invalid (version ``ff``, all-zero ids, bad format), as the W3C spec says to ignore it."""
+    if not value:
+        return None
+    match = _TRACEPARENT.match(value.strip().lower())
+    if match is None or match.group(1) == "ff":
+        return None
+    trace_id, span_id = int(match.group(2), 16), int(match.group(3), 16)
+    if trace_id == 0 or span_id == 0:
+        return None
+    return trace_id, span_id, bool(int(match.group(4), 16) & 1)
+
+
+def format_traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
+    """A W3C ``traceparent`` header value."""
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+
+
+class request_context:  # noqa: N801 - used like a function: ``with request_context(...)``
+    """Bind one request's trace context for the stages inside.
+
+    Args:
+        traceparent: the incoming W3C ``traceparent`` (its trace continues), or None for
+            a new trace.
+        request_id: the serving stack's id of the request; stages elsewhere (another
+            thread) that pass ``request_id=`` join this trace.
+        tracestate: the incoming ``tracestate``, kept as the ``tracestate`` attribute.
+
+    The context manager yields the request's root :class:`SpanRef` (the remote parent,
+    or a fresh trace with no parent span). Leaving it unregisters the request id.
+    """
+
+    __slots__ = ("ref", "_token", "request_id")
+
+    def __init__(
+        self, traceparent: str | None, request_id: str, tracestate: str | None = None
+    ) -> None:
+        parsed = parse_traceparent(traceparent)
+        attributes = {"tracestate": tracestate} if tracestate else None
+        if parsed is None:
+            self.ref = SpanRef(new_trace_id(), 0, request_id, attributes)
+        else:
+            self.ref = SpanRef(parsed[0], parsed[1], request_id, attributes, remote=True)
+        self.request_id = request_id
+        self._token = None
+
+    def __enter__(self) -> SpanRef:
+        self._token = current.set(self.ref)
+        requests[self.request_id] = self.ref
+        return self.ref
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            current.reset(self._token)
+            self._token = None
+        if requests.get(self.request_id) is self.ref:
+            del requests[self.request_id]
