@@ -156,6 +156,7 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
         self.request_id = request_id
         self.attributes = attributes
         self.links = None
+        self.clock_name = self.stage_name = None
 
     def __enter__(self) -> stage:
         rid = self.request_id

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from ttft.tracer.schema import ATTR_CLOCK, ATTR_REQUEST_ID, ATTR_STAGE, stage_of
 
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 _SCOPE = InstrumentationScope("ttft.tracer")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_STATE = DEFAULT_TRACE_STATE
 _SCALARS = (str, bool, int, float)
 
 
@@ -44,6 +46,26 @@ class FlushResult:
     pending: int
 
 
+def _official_context(trace_id: int, span_id: int, remote: bool) -> SpanContext:
+    return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=_SAMPLED)
+
+
+def _fast_context(trace_id: int, span_id: int, remote: bool) -> SpanContext:
+    # SpanContext is a tuple; its constructor only validates ids, which ours always are.
+    return tuple.__new__(SpanContext, (trace_id, span_id, remote, _SAMPLED, _STATE, True))
+
+
+def _pick_context_factory() -> Any:
+    """The fast factory if it builds exactly what the official constructor builds (the
+    tuple layout is the API package's own business), else the official one."""
+    try:
+        fast, official = _fast_context(3, 5, True), _official_context(3, 5, True)
+        same = fast == official and fast.is_valid and fast.trace_state == official.trace_state
+        return _fast_context if same else _official_context
+    except Exception:
+        return _official_context
+
+
 def _value(value: Any) -> Any:
     """An attribute value OpenTelemetry accepts: scalars and homogeneous sequences of
     scalars as they are, anything else as its ``str``."""
@@ -53,6 +75,9 @@ def _value(value: Any) -> Any:
         kinds = {type(v) for v in value}
         return tuple(value) if len(kinds) <= 1 else tuple(str(v) for v in value)
     return str(value)
+
+
+_context = _pick_context_factory()
 
 
 class Recorder:
@@ -137,7 +162,7 @@ class Recorder:
                         batch.append(pop())
                 except IndexError:
                     pass
-                self._export([self._to_span(r) for r in batch])
+                self._export(self._to_spans(batch))
         except Exception:  # never let the export thread die
             logger.exception("ttft recorder: converting spans failed")
         finally:
@@ -145,40 +170,51 @@ class Recorder:
                 self._busy = False
                 self._idle.notify_all()
 
-    def _to_span(self, r: Any) -> ReadableSpan:
-        if isinstance(r, tuple):  # ("readable", span) from the TracerProvider
-            return r[1]
-        parent = r.parent
-        attributes: dict[str, Any] = {
-            ATTR_STAGE: getattr(r, "stage_name", None) or stage_of(r.name),
-            ATTR_CLOCK: getattr(r, "clock_name", None) or self.default_clock,
-        }
-        if r.request_id is not None:
-            attributes[ATTR_REQUEST_ID] = r.request_id
-        for key, value in r.attributes.items():
-            attributes[key] = _value(value)
-        links = r.links
-        return ReadableSpan(
-            name=r.name,
-            context=SpanContext(r.trace_id, r.span_id, is_remote=False, trace_flags=_SAMPLED),
-            parent=SpanContext(
-                parent.trace_id, parent.span_id, is_remote=parent.remote, trace_flags=_SAMPLED
+    def _to_spans(self, batch: list[Any]) -> list[ReadableSpan]:
+        """Records → SDK spans. A span's own context is made once and reused as the
+        parent context of its children converted later in the batch."""
+        contexts: dict[tuple[int, bool], SpanContext] = {}
+        make = _context
+        out = []
+        for r in batch:
+            if isinstance(r, tuple):  # ("readable", span) from the TracerProvider
+                out.append(r[1])
+                continue
+            own = make(r.trace_id, r.span_id, False)
+            contexts[(r.span_id, False)] = own
+            parent = r.parent
+            parent_context = None
+            if parent is not None and parent.span_id:
+                key = (parent.span_id, parent.remote)
+                parent_context = contexts.get(key)
+                if parent_context is None:
+                    parent_context = contexts[key] = make(
+                        parent.trace_id, parent.span_id, parent.remote
+                    )
+            attributes: dict[str, Any] = {
+                ATTR_STAGE: r.stage_name or stage_of(r.name),
+                ATTR_CLOCK: r.clock_name or self.default_clock,
+            }
+            if r.request_id is not None:
+                attributes[ATTR_REQUEST_ID] = r.request_id
+            for key, value in r.attributes.items():
+                attributes[key] = value if type(value) in _SCALARS else _value(value)
+            links = r.links
+            out.append(
+                ReadableSpan(
+                    name=r.name,
+                    context=own,
+                    parent=parent_context,
+                    resource=self.resource,
+                    attributes=attributes,
+                    links=[Link(make(t, s, False), a) for t, s, a in links] if links else (),
+                    kind=SpanKind.INTERNAL,
+                    start_time=r.start_ns + self.offset_ns,
+                    end_time=r.end_ns + self.offset_ns,
+                    instrumentation_scope=_SCOPE,
+                )
             )
-            if parent is not None and parent.span_id
-            else None,
-            resource=self.resource,
-            attributes=attributes,
-            links=[
-                Link(SpanContext(t, s, is_remote=False, trace_flags=_SAMPLED), a)
-                for t, s, a in links
-            ]
-            if links
-            else (),
-            kind=SpanKind.INTERNAL,
-            start_time=r.start_ns + self.offset_ns,
-            end_time=r.end_ns + self.offset_ns,
-            instrumentation_scope=_SCOPE,
-        )
+        return out
 
     def _export(self, spans: list[ReadableSpan]) -> None:
         for exporter in self.exporters:
