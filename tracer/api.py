@@ -149,6 +149,7 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
         "links",
         "clock_name",
         "stage_name",
+        "_end_at",
     )
 
     def __init__(self, name: str, *, request_id: str | None = None, **attributes: Any) -> None:
@@ -156,7 +157,7 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
         self.request_id = request_id
         self.attributes = attributes
         self.links = None
-        self.clock_name = self.stage_name = None
+        self.clock_name = self.stage_name = self._end_at = None
 
     def __enter__(self) -> stage:
         rid = self.request_id
@@ -185,7 +186,7 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.end_ns = _perf_ns()
+        self.end_ns = _perf_ns() if self._end_at is None else self._end_at
         _reset_current(self._token)
         rid = self.request_id
         if rid is not None and ctx.requests.get(rid) is self:
@@ -200,8 +201,14 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
             recorder.add(self)
 
     def set(self, **attributes: Any) -> None:
-        """Add attributes to the open span."""
+        """Add attributes to the open span (not after it ended: the recorder reads them)."""
         self.attributes.update(attributes)
+
+    def end_at(self, epoch_ns: int) -> None:
+        """Make the span end at ``epoch_ns`` (``clock_ns()`` time) instead of when the
+        ``with`` block exits, e.g. a server span at the response's end while background
+        work still runs in the block. Never before the span's start."""
+        self._end_at = max(epoch_ns - _OFFSET_NS, self.start_ns)
 
     def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of ``fn`` is one span (coroutines too)."""

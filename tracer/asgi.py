@@ -4,10 +4,10 @@
 (Starlette, FastAPI, a bare callable). For each HTTP request it records (DESIGN.md,
 "Stages"):
 
-- ``server``: request received → the application returned (or raised). Attributes
-  ``method``, ``path``, ``http.status_code``, ``response_end_ns`` (when the last body
-  chunk was handed to the server; earlier than the span's end when the application keeps
-  working after the response, e.g. background tasks), ``client_disconnected`` and
+- ``server``: request received → response end (the last body chunk handed to the
+  server), or → the application returned or raised when no response was finished.
+  Attributes ``method``, ``path``, ``http.status_code``, ``response_end_ns`` (when the
+  last body chunk was handed over: the span's end), ``client_disconnected`` and
   ``tracestate`` when they apply.
 - ``stream``: a child of ``server``: the ``send`` of the first body chunk that carries a
   token.
@@ -173,7 +173,10 @@ class _Exchange:
                 self._annotate(client_disconnected=True)
             raise
         if last:
-            self._annotate(response_end_ns=clock_ns())
+            end_ns = clock_ns()
+            self._annotate(response_end_ns=end_ns)
+            if not self.closed:
+                self.server.end_at(end_ns)  # DESIGN: the server span ends at response end
 
     def _on_start(self, message: Message) -> None:
         self.status = int(message["status"])

@@ -100,9 +100,15 @@ class GpuResolver:
     says by how much the anchor mapping was off).
     """
 
-    def __init__(self, events: Any = None, *, clock: Callable[[], int] = api.clock_ns,
-                 reanchor_interval_s: float = 10.0, poll_interval_s: float = 0.002,
-                 thread: bool = True) -> None:
+    def __init__(
+        self,
+        events: Any = None,
+        *,
+        clock: Callable[[], int] = api.clock_ns,
+        reanchor_interval_s: float = 10.0,
+        poll_interval_s: float = 0.002,
+        thread: bool = True,
+    ) -> None:
         self.events = events if events is not None else CudaEvents()
         self.reanchor_interval_s = reanchor_interval_s
         self.poll_interval_s = poll_interval_s
@@ -205,8 +211,15 @@ class GpuResolver:
         attributes = pending.attributes or {}
         if start_ns > device_start_ns:  # anchor error: the device cannot start before enqueue
             attributes["clamped_ns"] = start_ns - device_start_ns
-        api.record("gpu", start_ns, end_ns, parent=pending.parent,
-                   clock=f"gpu:{pending.device}", timing="device", **attributes)
+        api.record(
+            "gpu",
+            start_ns,
+            end_ns,
+            parent=pending.parent,
+            clock=f"gpu:{pending.device}",
+            timing="device",
+            **attributes,
+        )
 
     def _run(self) -> None:
         next_anchor_s = time.monotonic() + self.reanchor_interval_s
@@ -257,8 +270,15 @@ class Instrumentation:
         failed: hot-path failures of the GPU timing (counted, never raised).
     """
 
-    def __init__(self, module: torch.nn.Module, stage: str, per_layer: bool,
-                 resolver: GpuResolver | None, owns_resolver: bool, no_gpu: str) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        stage: str,
+        per_layer: bool,
+        resolver: GpuResolver | None,
+        owns_resolver: bool,
+        no_gpu: str,
+    ) -> None:
         self.module = module
         self.resolver = resolver
         self.failed = 0
@@ -274,8 +294,15 @@ class Instrumentation:
             for name, child in _layers(module):
                 self._hook(child, f"{stage}.{name}", "other", name, None, None)
 
-    def _hook(self, module: torch.nn.Module, name: str, stage_name: str | None,
-              layer: str | None, resolver: GpuResolver | None, no_gpu: str | None) -> None:
+    def _hook(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        stage_name: str | None,
+        layer: str | None,
+        resolver: GpuResolver | None,
+        no_gpu: str | None,
+    ) -> None:
         local = threading.local()  # .stack: this module's open spans on this thread
         cls = type(module).__name__
 
@@ -345,9 +372,13 @@ class Instrumentation:
         self.remove()
 
 
-def instrument_module(module: torch.nn.Module, *, stage: str = "forward",
-                      per_layer: bool = False, gpu: bool | GpuResolver = True
-                      ) -> Instrumentation:
+def instrument_module(
+    module: torch.nn.Module,
+    *,
+    stage: str = "forward",
+    per_layer: bool = False,
+    gpu: bool | GpuResolver = True,
+) -> Instrumentation:
     """Record a span for every forward of ``module`` (see the module docstring).
 
     Args:

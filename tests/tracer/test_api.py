@@ -310,3 +310,17 @@ def test_calls_before_configure_record_nothing_and_do_not_raise():
         span.set(a=1)
     tt.event("first_byte")
     tt.record("gpu", 1, 2)
+
+
+def test_end_at_ends_the_span_at_a_chosen_time(collect):
+    exporter, tracing = collect
+    with tt.stage("server") as server:
+        mid = tt.clock_ns()
+        server.end_at(mid)
+        time.sleep(0.01)  # background work after the response
+    with tt.stage("queue") as early:
+        early.end_at(0)  # before its start: clamped to the start
+    tracing.flush()
+    spans = by_name(exporter.spans)
+    assert spans["server"].end_time == mid
+    assert spans["queue"].end_time == spans["queue"].start_time
