@@ -40,7 +40,7 @@ class NoOp(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
-        pass
+        """Nothing to release."""
 
 
 def ttft_round(n: int) -> tuple[float, float, int]:

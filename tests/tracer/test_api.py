@@ -30,7 +30,7 @@ class Collect(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
-        pass
+        """Nothing to release."""
 
 
 @pytest.fixture
