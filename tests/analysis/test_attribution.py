@@ -342,7 +342,9 @@ def test_exclusive_part_never_exceeds_covered_time(seed, boundary):
     assert (att <= cov).all()
 
 
-SPLITTABLE = {"queue", "schedule", "sample", "stream", "forward", "other", "tokenize"}
+# not sample: the end of the earliest sample can be the engine window's end, which a
+# split would move (the invariant is about attribution inside a fixed window)
+SPLITTABLE = {"queue", "schedule", "stream", "forward", "other", "tokenize", "gpu"}
 
 
 @settings(max_examples=40, deadline=None)
