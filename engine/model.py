@@ -21,7 +21,7 @@ from ttft.engine.kv_cache import PagedKVCache, Seq
 
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int = 512  # byte-level tokenizer plus room for special tokens
+    vocab_size: int = 2048  # the engine tokenizer's byte-level BPE vocabulary
     n_layer: int = 2
     n_head: int = 4
     n_kv_head: int = 2
@@ -34,7 +34,7 @@ class ModelConfig:
     PRESETS: ClassVar[dict[str, dict]] = {
         # For tests: 2 layers, d_model 64 (~0.16M parameters).
         "tiny": dict(n_layer=2, n_head=4, n_kv_head=2, d_model=64, d_ff=192, max_seq_len=512),
-        # For demos on CPU: 24,650,240 parameters.
+        # For demos on CPU: 26,223,104 parameters.
         "small": dict(n_layer=8, n_head=8, n_kv_head=2, d_model=512, d_ff=1536, max_seq_len=2048),
         # For GPUs: the Llama-3.2-1B body (16 layers, 2048 wide, GQA 32/8), ~0.97B parameters.
         "base": dict(n_layer=16, n_head=32, n_kv_head=8, d_model=2048, d_ff=8192, max_seq_len=4096),
