@@ -1,8 +1,9 @@
 """ttft.engine: the reference engine ttft traces.
 
 So far: the model (``ttft.engine.model``: presets, ``attend``, ``prefill_chunk``,
-``decode_step``) and the paged K/V cache (``ttft.engine.kv_cache``). The tokenizer,
-prefix cache, sampler, scheduler and server come next.
+``decode_step``), the paged K/V cache (``ttft.engine.kv_cache``), the prefix cache
+(``ttft.engine.prefix_cache``) and sampling (``ttft.engine.sampler``). The scheduler, the
+``LLM`` API and the server come next.
 """
 
 from ttft.engine.kv_cache import BlockAllocator, CacheFull, PagedKVCache, Seq
@@ -15,17 +16,24 @@ from ttft.engine.model import (
     prefill,
     prefill_chunk,
 )
+from ttft.engine.prefix_cache import PrefixCache
+from ttft.engine.sampler import SamplingParams, make_generator, sample, sample_batch
 
 __all__ = [
     "BlockAllocator",
     "CacheFull",
     "ModelConfig",
     "PagedKVCache",
+    "PrefixCache",
+    "SamplingParams",
     "Seq",
     "Transformer",
     "attend",
     "decode_step",
     "greedy",
+    "make_generator",
     "prefill",
     "prefill_chunk",
+    "sample",
+    "sample_batch",
 ]
