@@ -2,7 +2,8 @@
 
 So far: the model (``ttft.engine.model``: presets, ``attend``, ``prefill_chunk``,
 ``decode_step``), the paged K/V cache (``ttft.engine.kv_cache``), the prefix cache
-(``ttft.engine.prefix_cache``) and sampling (``ttft.engine.sampler``). The scheduler, the
+(``ttft.engine.prefix_cache``), sampling (``ttft.engine.sampler``) and the byte-level BPE
+tokenizer trained from a packaged corpus (``ttft.engine.tokenizer``). The scheduler, the
 ``LLM`` API and the server come next.
 """
 
@@ -18,6 +19,7 @@ from ttft.engine.model import (
 )
 from ttft.engine.prefix_cache import PrefixCache
 from ttft.engine.sampler import SamplingParams, make_generator, sample, sample_batch
+from ttft.engine.tokenizer import Tokenizer
 
 __all__ = [
     "BlockAllocator",
@@ -27,6 +29,7 @@ __all__ = [
     "PrefixCache",
     "SamplingParams",
     "Seq",
+    "Tokenizer",
     "Transformer",
     "attend",
     "decode_step",
