@@ -2,12 +2,14 @@
 
 So far: the model (``ttft.engine.model``: presets, ``attend``, ``prefill_chunk``,
 ``decode_step``), the paged K/V cache (``ttft.engine.kv_cache``), the prefix cache
-(``ttft.engine.prefix_cache``), sampling (``ttft.engine.sampler``) and the byte-level BPE
-tokenizer trained from a packaged corpus (``ttft.engine.tokenizer``). The scheduler, the
-``LLM`` API and the server come next.
+(``ttft.engine.prefix_cache``), sampling (``ttft.engine.sampler``), the byte-level BPE
+tokenizer trained from a packaged corpus (``ttft.engine.tokenizer``) and ``LLM``, the
+one-process convenience API (``LLM.from_preset("tiny").generate("Once upon", 16)``).
+The continuous-batching scheduler and the server come next.
 """
 
 from ttft.engine.kv_cache import BlockAllocator, CacheFull, PagedKVCache, Seq
+from ttft.engine.llm import LLM
 from ttft.engine.model import (
     ModelConfig,
     Transformer,
@@ -24,6 +26,7 @@ from ttft.engine.tokenizer import Tokenizer
 __all__ = [
     "BlockAllocator",
     "CacheFull",
+    "LLM",
     "ModelConfig",
     "PagedKVCache",
     "PrefixCache",
