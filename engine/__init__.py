@@ -4,8 +4,9 @@ So far: the model (``ttft.engine.model``: presets, ``attend``, ``prefill_chunk``
 ``decode_step``), the paged K/V cache (``ttft.engine.kv_cache``), the prefix cache
 (``ttft.engine.prefix_cache``), sampling (``ttft.engine.sampler``), the byte-level BPE
 tokenizer trained from a packaged corpus (``ttft.engine.tokenizer``) and ``LLM``, the
-one-process convenience API (``LLM.from_preset("tiny").generate("Once upon", 16)``).
-The continuous-batching scheduler and the server come next.
+one-process convenience API (``LLM.from_preset("tiny").generate("Once upon", 16)``), and
+``Engine``, the traced continuous-batching scheduler (``ttft.engine.scheduler``). The
+OpenAI-compatible server comes next.
 """
 
 from ttft.engine.kv_cache import BlockAllocator, CacheFull, PagedKVCache, Seq
@@ -21,17 +22,23 @@ from ttft.engine.model import (
 )
 from ttft.engine.prefix_cache import PrefixCache
 from ttft.engine.sampler import SamplingParams, make_generator, sample, sample_batch
+from ttft.engine.scheduler import Engine, EngineConfig, QueueFull, RequestStream, TokenEvent
 from ttft.engine.tokenizer import Tokenizer
 
 __all__ = [
     "BlockAllocator",
     "CacheFull",
+    "Engine",
+    "EngineConfig",
     "LLM",
     "ModelConfig",
     "PagedKVCache",
     "PrefixCache",
+    "QueueFull",
+    "RequestStream",
     "SamplingParams",
     "Seq",
+    "TokenEvent",
     "Tokenizer",
     "Transformer",
     "attend",
