@@ -25,6 +25,7 @@ current (or registered by ``request_context``) when it was submitted. Engine lev
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import threading
@@ -235,6 +236,25 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._hooks: Any = None
         self._step_ids = itertools.count()
+
+    def run_metadata(self) -> dict[str, Any]:
+        """What a trace file should record about this engine (DESIGN.md: run metadata):
+        device and its name, dtype, the model and engine configurations, torch version."""
+        param = next(self.model.parameters())
+        device = param.device
+        return {
+            "engine": {
+                "device": str(device),
+                "device_name": torch.cuda.get_device_name(device)
+                if device.type == "cuda"
+                else "cpu",
+                "dtype": str(param.dtype).removeprefix("torch."),
+                "model": dataclasses.asdict(self.model.config),
+                "config": dataclasses.asdict(self.config),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+            }
+        }
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ cancellation, a full queue, stopping and injected delays behave as documented.""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -317,3 +318,12 @@ def test_config_and_submit_reject_bad_values(model, tok):
             await engine.submit([1] * 500, 100)
 
     serve(model, tok, main)
+
+
+def test_run_metadata_names_device_dtype_and_configs(model, tok):
+    engine = Engine(model, tok, EngineConfig(max_batch_tokens=64))
+    meta = engine.run_metadata()["engine"]
+    assert (meta["device"], meta["dtype"], meta["device_name"]) == ("cpu", "float32", "cpu")
+    assert meta["model"]["n_layer"] == model.config.n_layer
+    assert meta["config"]["max_batch_tokens"] == 64
+    json.dumps(meta)  # goes into Parquet key-value metadata as JSON
