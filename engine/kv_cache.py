@@ -138,7 +138,9 @@ class PagedKVCache:
 
     def free(self, seq: Seq) -> None:
         """Drop ``seq``'s references at once; blocks nobody else holds become free."""
-        for block in seq.blocks:
+        # Last block first: the free list is a stack, so the next request is handed these
+        # ids in ascending order again, and consecutive ids let ``_prefix`` skip the copy.
+        for block in reversed(seq.blocks):
             self.allocator.decref(block)
         seq.blocks = []
         seq.length = 0
@@ -167,15 +169,28 @@ class PagedKVCache:
 
     # -- data ---------------------------------------------------------------------------
 
-    def _slots(self, blocks: list[int], start_pos: int, n: int) -> tuple[torch.Tensor, ...]:
+    def _check_fits(self, blocks: list[int], start_pos: int, n: int) -> None:
         if start_pos < 0 or start_pos + n > len(blocks) * self.block_size:
             raise ValueError(
                 f"positions {start_pos}..{start_pos + n - 1} do not fit a block table of "
                 f"{len(blocks)} block(s) of {self.block_size}; call append() first"
             )
+
+    def _run_start(self, blocks: list[int], start_pos: int, n: int) -> int | None:
+        """Flat slot of ``start_pos`` when positions ``start_pos .. start_pos+n-1`` lie in
+        consecutive block ids (then they are consecutive rows of the flattened storage),
+        else None."""
+        span = blocks[start_pos // self.block_size : (start_pos + n - 1) // self.block_size + 1]
+        if span != list(range(span[0], span[0] + len(span))):
+            return None
+        return span[0] * self.block_size + start_pos % self.block_size
+
+    def _flat_slots(self, blocks: list[int], start_pos: int, n: int) -> torch.Tensor:
+        """Rows of the flattened ``(num_blocks * block_size, H_kv, D)`` storage holding
+        positions ``start_pos .. start_pos+n-1``."""
         pos = torch.arange(start_pos, start_pos + n, device=self.device)
         table = torch.tensor(blocks, dtype=torch.long, device=self.device)
-        return table[pos // self.block_size], pos % self.block_size
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def write(
         self, layer: int, block_table: list[int], start_pos: int, k: torch.Tensor, v: torch.Tensor
@@ -188,9 +203,19 @@ class PagedKVCache:
             start_pos: position of the first row of ``k``/``v``.
             k, v: ``(T, H_kv, D)``.
         """
-        block, slot = self._slots(block_table, start_pos, k.size(0))
-        self.k[layer][block, slot] = k
-        self.v[layer][block, slot] = v
+        n = k.size(0)
+        self._check_fits(block_table, start_pos, n)
+        if n == 0:
+            return
+        k_flat, v_flat = self.k[layer].flatten(0, 1), self.v[layer].flatten(0, 1)
+        run = self._run_start(block_table, start_pos, n)
+        if run is not None:  # consecutive blocks: one slice copy, no index tensors
+            k_flat[run : run + n] = k
+            v_flat[run : run + n] = v
+            return
+        rows = self._flat_slots(block_table, start_pos, n)
+        k_flat[rows] = k
+        v_flat[rows] = v
 
     def gather(
         self, layer: int, block_table: list[int], length: int
@@ -200,7 +225,26 @@ class PagedKVCache:
         Returns:
             k, v: ``(1, H_kv, length, D)`` copies (not views of the cache).
         """
-        block, slot = self._slots(block_table, 0, length)
-        k = self.k[layer][block, slot]  # (L, H_kv, D)
-        v = self.v[layer][block, slot]
+        k, v = self._prefix(layer, block_table, length)
+        return k.clone(), v.clone()
+
+    def _prefix(
+        self, layer: int, block_table: list[int], length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like ``gather``, but views of the cache when the blocks holding positions
+        ``0 .. length-1`` are consecutive ids (no copy), else copies of whole blocks.
+
+        The views alias the cache: read them before the next ``write`` of this layer.
+        """
+        self._check_fits(block_table, 0, length)
+        n_blocks = -(-length // self.block_size)
+        if length == 0 or self._run_start(block_table, 0, length) is not None:
+            first = block_table[0] if block_table else 0
+            k = self.k[layer][first : first + n_blocks]  # (n_blocks, block_size, H_kv, D)
+            v = self.v[layer][first : first + n_blocks]
+        else:
+            table = torch.tensor(block_table[:n_blocks], dtype=torch.long, device=self.device)
+            k = self.k[layer].index_select(0, table)
+            v = self.v[layer].index_select(0, table)
+        k, v = k.flatten(0, 1)[:length], v.flatten(0, 1)[:length]  # (L, H_kv, D)
         return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)

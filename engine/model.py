@@ -83,18 +83,30 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int) -> t
     Tq, Tk = q.size(2), k.size(2)
     if Tk != q_start + Tq:
         raise ValueError(f"expected {q_start + Tq} keys (q_start {q_start} + {Tq}), got {Tk}")
-    n_rep = q.size(1) // k.size(1)
-    if n_rep > 1:
+    # is_causal aligns the mask top-left (query i sees keys 0..i): right when Tq == Tk, and
+    # a single query sees every key anyway. Otherwise the mask is offset by q_start.
+    mask = None if q_start == 0 or Tq == 1 else _chunk_mask(q_start, Tq, q.dtype, q.device)
+    gqa = q.size(1) != k.size(1)
+    # SDPA's own GQA avoids copying K/V per query head, but on CUDA a mask together with
+    # enable_gqa falls back to the math kernel, so there the heads are repeated instead.
+    if gqa and mask is not None and q.device.type != "cpu":
+        n_rep = q.size(1) // k.size(1)
         k = k.repeat_interleave(n_rep, dim=1)  # (B, H, Tk, D)
         v = v.repeat_interleave(n_rep, dim=1)
-    if q_start == 0:
-        # Tq == Tk: is_causal's top-left aligned mask is the right one.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    # is_causal would align the mask top-left (query i sees keys 0..i); a chunk needs it
-    # offset by q_start, so compare positions.
-    q_pos = torch.arange(q_start, Tk, device=q.device)[:, None]  # (Tq, 1)
-    k_pos = torch.arange(Tk, device=q.device)[None, :]  # (1, Tk)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=k_pos <= q_pos)
+        gqa = False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None and q_start == 0, enable_gqa=gqa
+    )
+
+
+def _chunk_mask(q_start: int, Tq: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive ``(Tq, q_start+Tq)`` mask: 0 where query ``i`` may see key ``j``
+    (``j <= q_start+i``), -inf elsewhere. Float, not bool: SDPA turns a bool mask into
+    this on every call."""
+    mask = torch.zeros(Tq, q_start + Tq, dtype=dtype, device=device)
+    # The cached prefix is visible to every query; only the chunk's own keys are causal.
+    mask[:, q_start:] = torch.full((Tq, Tq), float("-inf"), dtype=dtype, device=device).triu(1)
+    return mask
 
 
 class RMSNorm(nn.Module):
@@ -156,7 +168,8 @@ class Attention(nn.Module):
         # Each row has its own cached length; correctness first, so one attend per row.
         for b, seq in enumerate(seqs):
             cache.write(layer, seq.blocks, seq.length, k[b], v[b])
-            k_all, v_all = cache.gather(layer, seq.blocks, seq.length + T)  # (1, H_kv, L, D)
+            # Views of the cache where the blocks are consecutive; read before the next write.
+            k_all, v_all = cache._prefix(layer, seq.blocks, seq.length + T)  # (1, H_kv, L, D)
             out.append(attend(q[b : b + 1], k_all, v_all, seq.length))  # (1, H, T, D)
         y = torch.cat(out).transpose(1, 2).reshape(B, T, C)
         return self.wo(y)

@@ -135,3 +135,20 @@ def test_block_allocator_free_list_and_refcounts():
     with pytest.raises(ValueError, match="double free"):
         alloc.decref(1)
     assert alloc.allocate() == 1
+
+
+def test_gather_is_a_copy_and_consecutive_blocks_are_read_in_place():
+    cache = make_cache(num_blocks=8, block_size=4)
+    seq = cache.allocate(10)
+    assert seq.blocks == [0, 1, 2]
+    k, v = kv(10)
+    cache.write(0, seq.blocks, 0, k, v)
+    k_out, v_out = cache.gather(0, seq.blocks, 10)
+    view_k, view_v = cache._prefix(0, seq.blocks, 10)
+    assert torch.equal(view_k, k_out) and torch.equal(view_v, v_out)
+    assert view_k.data_ptr() == cache.k[0].data_ptr()  # no copy
+    k_out.zero_()  # a copy: the cache is untouched
+    assert torch.equal(cache.gather(0, seq.blocks, 10)[0], k.transpose(0, 1).unsqueeze(0))
+    # Freed blocks come back in the same ascending order.
+    cache.free(seq)
+    assert cache.allocate(10).blocks == [0, 1, 2]
