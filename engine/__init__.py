@@ -5,8 +5,9 @@ So far: the model (``ttft.engine.model``: presets, ``attend``, ``prefill_chunk``
 (``ttft.engine.prefix_cache``), sampling (``ttft.engine.sampler``), the byte-level BPE
 tokenizer trained from a packaged corpus (``ttft.engine.tokenizer``) and ``LLM``, the
 one-process convenience API (``LLM.from_preset("tiny").generate("Once upon", 16)``), and
-``Engine``, the traced continuous-batching scheduler (``ttft.engine.scheduler``). The
-OpenAI-compatible server comes next.
+``Engine``, the traced continuous-batching scheduler (``ttft.engine.scheduler``).
+``ttft.engine.server`` serves it over an OpenAI-compatible HTTP API (``ttft serve``); it
+is not imported here, so the engine works without FastAPI loaded.
 """
 
 from ttft.engine.kv_cache import BlockAllocator, CacheFull, PagedKVCache, Seq

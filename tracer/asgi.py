@@ -233,6 +233,7 @@ class TTFTMiddleware:
         app: the ASGI application to wrap.
         request_id_header: the request header whose value is the request id (lowercase
             compared); without it a fresh ``req-<16 hex>`` id is made.
+        exclude_paths: paths passed through untraced (health checks, metric scrapes).
 
     Per request the middleware continues the incoming W3C ``traceparent`` (``tracestate``
     kept as an attribute) under ``ttft.tracer.request_context`` and opens the ``server``
@@ -249,12 +250,20 @@ class TTFTMiddleware:
     the ``server`` span.
     """
 
-    def __init__(self, app: ASGIApp, *, request_id_header: str = "x-request-id") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        request_id_header: str = "x-request-id",
+        exclude_paths: tuple[str, ...] = ("/health", "/metrics"),
+    ) -> None:
         self.app = app
         self.request_id_header = request_id_header.lower().encode("latin-1")
+        self.exclude_paths = frozenset(exclude_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http":
+        if scope.get("type") != "http" or scope.get("path") in self.exclude_paths:
+            # health checks and scrapes are no inference requests: not traced
             await self.app(scope, receive, send)
             return
         traceparent = tracestate = request_id = None

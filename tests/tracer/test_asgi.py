@@ -487,3 +487,28 @@ def test_lifespan_and_websocket_pass_through_untouched():
         asyncio.run(TTFTMiddleware(app)(scope, receive, send))
         assert seen.pop() == (scope, receive, send)
         assert scope == {"type": kind}
+
+
+def test_health_and_metrics_paths_are_not_traced(tmp_path):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    tracing = tt.configure(
+        "server", [ParquetSpanExporter(tmp_path / "t.parquet")], flush_interval_s=0.01
+    )
+    try:
+        middleware = TTFTMiddleware(app)
+
+        async def call(path: str) -> None:
+            transport = httpx.ASGITransport(app=middleware)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                assert (await client.get(path)).status_code == 200
+
+        for path in ("/health", "/metrics", "/v1/models"):
+            asyncio.run(call(path))
+    finally:
+        tracing.shutdown()
+    rows = read_trace(tmp_path / "t.parquet").to_pandas()
+    servers = rows[rows.name == "server"]
+    assert [json.loads(a)["path"] for a in servers.attributes] == ["/v1/models"]

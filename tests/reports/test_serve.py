@@ -1,0 +1,113 @@
+"""`ttft serve` end to end: a real process on loopback, the openai client, SIGINT, then the
+trace it wrote analyzed by `ttft analyze`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from ttft.collectors.store import read_trace
+
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ttft_script() -> str:
+    beside = Path(sys.executable).parent / "ttft"
+    return str(beside) if beside.exists() else "ttft"
+
+
+def test_serve_trace_and_analyze(tmp_path):
+    port = free_port()
+    trace = tmp_path / "server.parquet"
+    env = {**os.environ, "TTFT_CACHE_DIR": str(tmp_path / "cache")}
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        [
+            ttft_script(),
+            "serve",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+            "--trace-out",
+            str(trace),
+            "--inject-delay",
+            "queue=30",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.2)
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30
+        )
+        for i in range(3):
+            stream = client.completions.create(
+                model="tiny",
+                prompt=f"Once upon a time {i}",
+                max_tokens=4,
+                stream=True,
+                extra_headers={"traceparent": PARENT} if i == 0 else None,
+            )
+            assert "".join(c.choices[0].text for c in stream if c.choices)
+        client.close()
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+            raise
+        finally:
+            log.close()
+    # 130 = 128 + SIGINT: uvicorn re-raises the signal after a clean shutdown
+    assert server.returncode in (0, 130), (tmp_path / "serve.log").read_text()
+    done = subprocess.run(
+        [ttft_script(), "analyze", str(trace), "--json", "--boundary", "server"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out = json.loads(done.stdout)
+    assert out["requests"] == 3  # /health polls are not traced
+    rows = read_trace(trace).to_pandas()
+    assert "0af7651916cd43dd8448eb211c80319c" in set(rows[rows.name == "server"].trace_id)
+    # the injected 30 ms queue delay shows up as queue time in every request
+    assert out["stages"]["queue"]["p50"] >= 30.0
+    assert out["quality"]["no_window"] == 0
+    engine = subprocess.run(
+        [ttft_script(), "analyze", str(trace), "--json", "--boundary", "engine"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(engine.stdout)["stages"]["queue"]["p50"] >= 30.0
