@@ -169,6 +169,19 @@ class RequestStream:
     def request_id(self) -> str:
         return self._req.rid
 
+    @property
+    def queue_seconds(self) -> float | None:
+        """How long the request waited for admission (its ``queue`` span), once admitted;
+        None before that."""
+        ref = self._req.queue_ref
+        return None if ref is None else (ref.end_ns - ref.start_ns) / 1e9
+
+    @property
+    def admitted_ns(self) -> int | None:
+        """When the request was admitted, in ``perf_counter_ns`` time; None before."""
+        ref = self._req.queue_ref
+        return None if ref is None else int(ref.end_ns)
+
     def __aiter__(self) -> RequestStream:
         return self
 

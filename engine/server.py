@@ -57,6 +57,7 @@ from ttft.engine.model import ModelConfig, Transformer
 from ttft.engine.sampler import SamplingParams
 from ttft.engine.scheduler import Engine, EngineConfig, EngineStopped, QueueFull, RequestStream
 from ttft.engine.tokenizer import Tokenizer
+from ttft.tracer import stats as tracer_stats
 from ttft.tracer.asgi import TTFTMiddleware
 
 __all__ = ["ServerConfig", "build_engine", "create_app", "serve"]
@@ -230,13 +231,8 @@ def chat_prompt(messages: Sequence[ChatMessage]) -> str:
 
 def _dropped_spans() -> float:
     """Spans the configured tracer's recorder dropped so far; 0 without a recorder."""
-    try:
-        from ttft.tracer import api
-
-        recorder = getattr(api, "_recorder", None)
-        return float(getattr(recorder, "dropped", 0) or 0) if recorder is not None else 0.0
-    except Exception:
-        return 0.0
+    stats = tracer_stats()
+    return float(stats.dropped) if stats is not None else 0.0
 
 
 class _Metrics:
@@ -290,12 +286,10 @@ class _Metrics:
 def _admission_times(stream: RequestStream) -> tuple[float, int] | None:
     """(queue seconds, admission perf-counter ns) from the request's ``queue`` span, or
     None when the engine does not expose it."""
-    try:
-        ref = stream._req.queue_ref  # the engine's record of its ``queue`` span
-        start, end = int(ref.start_ns), int(ref.end_ns)
-        return (end - start) / 1e9, end
-    except Exception:
+    queue_s, admitted_ns = stream.queue_seconds, stream.admitted_ns
+    if queue_s is None or admitted_ns is None:
         return None
+    return queue_s, admitted_ns
 
 
 # -- generation ------------------------------------------------------------------------

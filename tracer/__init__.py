@@ -16,6 +16,7 @@ from ttft.tracer.api import (
     link_step,
     record,
     stage,
+    stats,
 )
 from ttft.tracer.context import (
     SpanRef,
@@ -43,4 +44,5 @@ __all__ = [
     "record",
     "request_context",
     "stage",
+    "stats",
 ]

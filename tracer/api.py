@@ -281,6 +281,13 @@ def event(name: str, *, request_id: str | None = None, **attributes: Any) -> ctx
     return record(name, now, now, request_id=request_id, stage_name="event", **attributes)
 
 
+def stats() -> FlushResult | None:
+    """The configured recorder's counts so far (exported, dropped, failed, pending), or
+    None when tracing is not configured. Cheap; does not flush."""
+    recorder = _recorder
+    return None if recorder is None else recorder.result()
+
+
 def current_span() -> ctx.SpanRef | None:
     """The innermost open span of this thread or task, or None."""
     return ctx.current.get()

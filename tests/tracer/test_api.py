@@ -324,3 +324,14 @@ def test_end_at_ends_the_span_at_a_chosen_time(collect):
     spans = by_name(exporter.spans)
     assert spans["server"].end_time == mid
     assert spans["queue"].end_time == spans["queue"].start_time
+
+
+def test_stats_reports_counts_without_flushing(collect):
+    exporter, tracing = collect
+    with tt.stage("queue"):
+        pass
+    tracing.flush()
+    current = tt.stats()
+    assert (current.exported, current.dropped, current.failed) == (1, 0, 0)
+    tracing.shutdown()
+    assert tt.stats() is None
