@@ -1,0 +1,229 @@
+"""The load generator against the real reference server over loopback (uvicorn in a thread,
+the tiny model on CPU): events in order, server ids, trace context honoured, concurrency
+waits recorded; arrival patterns and replay parsing without a server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import uvicorn
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+import ttft.tracer as tt
+from ttft.collectors.loadgen import (
+    WorkItem,
+    burst,
+    constant,
+    poisson,
+    read_replay,
+    results_table,
+    run,
+    workload,
+)
+from ttft.collectors.store import TraceWriter, read_trace
+from ttft.engine.server import build_engine, create_app
+from ttft.tracer.schema import CLIENT_CLOCK
+
+MODEL = "tiny"
+TIMEOUT_S = 20.0
+PROMPTS = ["Once upon a time", "The little dog ran across the field", "Hello there"]
+
+
+class Collect(SpanExporter):
+    """Keeps every exported span."""
+
+    def __init__(self) -> None:
+        self.spans = []
+
+    def export(self, spans):
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+@contextlib.contextmanager
+def running(app):
+    """Serve ``app`` with uvicorn on a free loopback port; yields the base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="uvicorn-loadgen-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT_S)
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    engine = build_engine("tiny", device="cpu",
+                          tokenizer_cache_dir=str(tmp_path_factory.mktemp("tokenizer")))
+    with running(create_app(engine, model_name=MODEL)) as base_url:
+        yield base_url
+
+
+def events_of(result) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for row in result.rows:
+        if row["stage"] == "event":
+            out.setdefault(row["name"], []).append(row["start_ns"])
+    return out
+
+
+def client_span(result) -> dict:
+    (span,) = [row for row in result.rows if row["stage"] == "client"]
+    return span
+
+
+def check_request(result) -> None:
+    assert result.error is None, result.error
+    assert result.status_code == 200 and result.tokens >= 1
+    assert result.request_id and result.request_id.startswith("req-")
+    assert 0 < result.ttft_s <= result.e2e_s
+    span = client_span(result)
+    ev = events_of(result)
+    first_token = ev["first_token"][0]
+    assert span["start_ns"] <= ev["sent"][0] <= ev["headers"][0] <= ev["first_chunk"][0]
+    assert ev["first_chunk"][0] <= ev["first_event"][0] <= first_token <= span["end_ns"]
+    assert ev["scheduled"][0] <= span["start_ns"]
+    assert all(first_token <= ns <= span["end_ns"] for ns in ev.get("token", []))
+    assert len(ev["first_token"]) == 1
+    assert all(row["request_id"] == result.request_id for row in result.rows)
+    assert all(row["trace_id"] == result.trace_id and row["clock"] == CLIENT_CLOCK
+               and row["service"] == "loadgen" for row in result.rows)
+    attrs = json.loads(span["attributes"])
+    assert attrs["status_code"] == 200 and attrs["condition"] in ("cold", "prefix_hit")
+    assert attrs["prompt_tokens"] >= 1 and attrs["completion_tokens"] == result.tokens
+
+
+def test_poisson_workload_is_traced_and_joins_the_servers_trace(url, tmp_path):
+    exporter = Collect()
+    tracing = tt.configure("loadgen-test", [exporter], flush_interval_s=0.02)
+    writer = TraceWriter(tmp_path / "trace.parquet", flush_interval_s=None)
+    try:
+        work = workload(poisson(20.0, 6, seed=1), PROMPTS, max_tokens=4)
+        results = asyncio.run(run(url, work, model=MODEL, warmup=1, writer=writer))
+        deadline = time.monotonic() + TIMEOUT_S
+        while sum(s.name == "server" for s in exporter.spans) < 7:
+            assert time.monotonic() < deadline, "server spans did not arrive"
+            tracing.flush(5.0)
+            time.sleep(0.02)
+    finally:
+        tracing.shutdown()
+        writer.close()
+    assert [r.index for r in results] == list(range(6))
+    for r in results:
+        check_request(r)
+    # a connection was opened for the warm-up, so the first traced request may reuse it;
+    # any connect span sits inside its client span
+    for r in results:
+        span = client_span(r)
+        for row in r.rows:
+            if row["stage"] == "connect":
+                assert span["start_ns"] <= row["start_ns"] <= row["end_ns"] <= span["end_ns"]
+    servers = {s.attributes.get("ttft.request_id"): s for s in exporter.spans
+               if s.name == "server"}
+    for r in results:
+        server = servers[r.request_id]
+        assert f"{server.context.trace_id:032x}" == r.trace_id
+        assert f"{server.parent.span_id:016x}" == client_span(r)["span_id"]
+    table = read_trace(tmp_path / "trace.parquet")
+    assert table.num_rows == results_table(results).num_rows == sum(len(r.rows) for r in results)
+    assert set(table.column("trace_id").to_pylist()) == {r.trace_id for r in results}
+
+
+def test_closed_loop_records_the_wait_for_a_slot_before_the_client_span(url):
+    work = workload(burst(5), PROMPTS, max_tokens=6)
+    results = asyncio.run(run(url, work, model=MODEL, concurrency=2, chat=True))
+    for r in results:
+        check_request(r)
+        assert "role_chunk" in events_of(r)
+    spans = sorted((client_span(r)["start_ns"], client_span(r)["end_ns"]) for r in results)
+    # never more than two in flight
+    for start, _ in spans:
+        assert sum(s <= start < e for s, e in spans) <= 2
+    waited = [r for r in results
+              if client_span(r)["start_ns"] - events_of(r)["scheduled"][0] > 1_000_000]
+    assert len(waited) >= 3  # the three that found both slots taken
+    connects = [row for r in results for row in r.rows if row["stage"] == "connect"]
+    assert 1 <= len(connects) <= 2  # a pool of two keep-alive connections
+
+
+def test_failures_are_recorded_not_raised(url):
+    work = [WorkItem(0.0, "Hello", 2), WorkItem(0.0, "Hello", 2)]
+    bad_model = asyncio.run(run(url, work, model="no-such-model"))
+    assert [r.status_code for r in bad_model] == [404, 404]
+    assert all("HTTP 404" in r.error and r.ttft_s is None for r in bad_model)
+    assert json.loads(client_span(bad_model[0])["attributes"])["error"].startswith("HTTP 404")
+    refused = asyncio.run(run("http://127.0.0.1:9", work[:1], timeout_s=5.0))
+    assert refused[0].status_code is None and refused[0].error
+    assert len(results_table(refused)) >= 2  # the client span and its scheduled event
+
+
+def test_arrival_patterns_are_seeded_monotone_and_at_rate():
+    a, b = poisson(50.0, 20_000, seed=7), poisson(50.0, 20_000, seed=7)
+    assert a == b and a != poisson(50.0, 20_000, seed=8)
+    assert a[0] == 0.0 and all(np.diff(a) >= 0)
+    assert len(a) / a[-1] == pytest.approx(50.0, rel=0.03)
+    assert constant(4.0, 5) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert burst(3) == [0.0, 0.0, 0.0] and poisson(1.0, 0) == []
+    with pytest.raises(ValueError):
+        poisson(0.0, 3)
+
+
+MOONCAKE = [
+    {"timestamp": 0, "input_length": 1200, "output_length": 20, "hash_ids": [1, 2, 3]},
+    {"timestamp": 500, "input_length": 1100, "output_length": 10, "hash_ids": [1, 2, 4]},
+    {"timestamp": 1500, "input_length": 300, "output_length": 5, "hash_ids": [9]},
+    {"timestamp": 2000, "input_length": 600, "output_length": 40},
+    {"timestamp": 3000, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]},
+]
+
+
+def test_read_replay_scales_and_shares_prefixes(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in MOONCAKE))
+    items = read_replay(path, scale_tokens=0.1, scale_time=0.5)
+    assert [it.arrival_s for it in items] == [0.0, 0.25, 0.75, 1.0, 1.5]
+    assert [len(it.prompt.split()) for it in items] == [120, 110, 30, 60, 102]
+    assert [it.max_tokens for it in items] == [2, 1, 1, 4, 1]
+    assert [it.group for it in items] == ["1", "1", "9", None, "1"]
+    words = [it.prompt.split() for it in items]
+    assert words[0][:102] == words[1][:102] == words[4]  # blocks 1 and 2 (51 words each)
+    assert words[0][102:] != words[1][102:108]
+    assert items == read_replay(path, scale_tokens=0.1, scale_time=0.5)  # deterministic
+    assert len(read_replay(path, limit=2)) == 2
+
+    csv_path = tmp_path / "trace.csv"
+    csv_path.write_text("timestamp,input_length,output_length,hash_ids\n"
+                        '0,1200,20,"[1, 2, 3]"\n500,1100,10,"[1, 2, 4]"\n')
+    assert read_replay(csv_path, scale_tokens=0.1) == [
+        WorkItem(it.arrival_s * 2, it.prompt, it.max_tokens, it.group) for it in items[:2]]
+
+
+def test_read_replay_names_the_bad_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    rows = [json.dumps(row) for row in MOONCAKE[:2]]
+    path.write_text("\n".join([*rows, '{"timestamp": 1, "output_length": 3}']) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3: missing column 'input_length'"):
+        read_replay(path)
+    path.write_text(rows[0] + "\nnot json\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not a JSON object"):
+        read_replay(path)
+    path.write_text('{"timestamp": 0, "input_length": "x", "output_length": 1}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: bad row"):
+        read_replay(path)
