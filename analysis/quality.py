@@ -31,7 +31,7 @@ MEANING: dict[str, str] = {
     "orphan_parent": "span whose parent_id is not in its request (attached to the root)",
     "duplicate_span_id": "span id seen twice in one request (later copies dropped)",
     "outside_window": "request-level span wholly outside its request's client/server span",
-    "clock_shift": "server span not inside its client span (clocks disagree)",
+    "clock_shift": "server span starts before its client span (clocks disagree)",
 }
 
 EXAMPLES_KEPT = 3
