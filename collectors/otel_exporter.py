@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import StatusCode
 
+from ttft.collectors._spans import ttft_fields
 from ttft.collectors.store import TraceWriter
-from ttft.tracer.schema import ATTR_CLOCK, ATTR_REQUEST_ID, ATTR_STAGE, stage_of
+from ttft.tracer.schema import ATTR_CLOCK, ATTR_REQUEST_ID
 
 __all__ = [
     "ATTR_CLOCK",
@@ -72,20 +73,7 @@ def span_to_rows(span: ReadableSpan, *, default_clock: str) -> list[dict[str, An
     if end_ns < start_ns:
         raise ValueError(f"span {span.name!r} ends ({end_ns}) before it starts ({start_ns})")
     attributes = dict(span.attributes or {})
-    explicit_stage = attributes.pop(ATTR_STAGE, None)
-    request_id = attributes.pop(ATTR_REQUEST_ID, None)
-    if request_id is None:
-        request_id = attributes.pop("request_id", None)
-    clock = attributes.pop(ATTR_CLOCK, None)
-    if explicit_stage is None:
-        stage = stage_of(span.name)
-        if stage == "other" and start_ns == end_ns:
-            stage = "event"
-    else:
-        stage = stage_of(str(explicit_stage))
-        if stage != explicit_stage:
-            attributes[ATTR_STAGE] = explicit_stage  # unknown stage name: keep what was said
-    point = stage == "event" or start_ns == end_ns
+    stage, request_id, clock, point = ttft_fields(span.name, attributes, start_ns, end_ns)
     if span.status.status_code is not StatusCode.UNSET:
         attributes["otel.status_code"] = span.status.status_code.name
         if span.status.description:

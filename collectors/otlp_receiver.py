@@ -27,8 +27,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from ttft.collectors._spans import ttft_fields
 from ttft.collectors.store import TraceWriter, to_span_table
-from ttft.tracer.schema import ATTR_CLOCK, ATTR_REQUEST_ID, ATTR_STAGE, stage_of
+from ttft.tracer.schema import ATTR_CLOCK
 
 __all__ = ["MAX_BODY_BYTES", "TRACES_PATH", "OTLPReceiver", "request_to_rows"]
 
@@ -89,20 +90,7 @@ def _span_rows(span: Any, service: str, default_clock: str) -> list[dict[str, An
     if end_ns < start_ns:
         raise ValueError(f"span {span.name!r} ends ({end_ns}) before it starts ({start_ns})")
     attributes = _attributes(span.attributes)
-    explicit_stage = attributes.pop(ATTR_STAGE, None)
-    request_id = attributes.pop(ATTR_REQUEST_ID, None)
-    if request_id is None:
-        request_id = attributes.pop("request_id", None)
-    clock = attributes.pop(ATTR_CLOCK, None)
-    if explicit_stage is None:
-        stage = stage_of(span.name)
-        if stage == "other" and start_ns == end_ns:
-            stage = "event"
-    else:
-        stage = stage_of(str(explicit_stage))
-        if stage != explicit_stage:
-            attributes[ATTR_STAGE] = explicit_stage  # unknown stage name: keep what was said
-    point = stage == "event" or start_ns == end_ns
+    stage, request_id, clock, point = ttft_fields(span.name, attributes, start_ns, end_ns)
     if span.status.code in _STATUS_NAMES:
         attributes["otel.status_code"] = _STATUS_NAMES[span.status.code]
         if span.status.message:

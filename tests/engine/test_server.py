@@ -182,8 +182,8 @@ def test_stop_string_cuts_the_text(live):
     c = client(url)
     full = c.completions.create(model=MODEL, prompt="Once upon", max_tokens=24, temperature=0)
     text = full.choices[0].text
-    if len(text.strip()) < 2:
-        pytest.skip("the tiny model produced too little text to pick a stop string")
+    # greedy decoding with a seeded model: always the same text, long enough to cut
+    assert len(text.strip()) >= 2, text
     stop = text.strip()[1:3]
     cut = text[: text.index(stop)]
     for stream in (False, True):
