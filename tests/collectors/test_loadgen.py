@@ -5,15 +5,12 @@ waits recorded; arrival patterns and replay parsing without a server."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import threading
 import time
 
 import numpy as np
 import pytest
-import uvicorn
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from _live import Collect, running
 
 import ttft.tracer as tt
 from ttft.collectors.loadgen import (
@@ -35,43 +32,11 @@ TIMEOUT_S = 20.0
 PROMPTS = ["Once upon a time", "The little dog ran across the field", "Hello there"]
 
 
-class Collect(SpanExporter):
-    """Keeps every exported span."""
-
-    def __init__(self) -> None:
-        self.spans = []
-
-    def export(self, spans):
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        """Nothing to release."""
-
-
-@contextlib.contextmanager
-def running(app):
-    """Serve ``app`` with uvicorn on a free loopback port; yields the base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="uvicorn-loadgen-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(TIMEOUT_S)
-        assert not thread.is_alive(), "uvicorn did not stop"
-
-
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
-    engine = build_engine("tiny", device="cpu",
-                          tokenizer_cache_dir=str(tmp_path_factory.mktemp("tokenizer")))
+    engine = build_engine(
+        "tiny", device="cpu", tokenizer_cache_dir=str(tmp_path_factory.mktemp("tokenizer"))
+    )
     with running(create_app(engine, model_name=MODEL)) as base_url:
         yield base_url
 
@@ -103,8 +68,12 @@ def check_request(result) -> None:
     assert all(first_token <= ns <= span["end_ns"] for ns in ev.get("token", []))
     assert len(ev["first_token"]) == 1
     assert all(row["request_id"] == result.request_id for row in result.rows)
-    assert all(row["trace_id"] == result.trace_id and row["clock"] == CLIENT_CLOCK
-               and row["service"] == "loadgen" for row in result.rows)
+    assert all(
+        row["trace_id"] == result.trace_id
+        and row["clock"] == CLIENT_CLOCK
+        and row["service"] == "loadgen"
+        for row in result.rows
+    )
     attrs = json.loads(span["attributes"])
     assert attrs["status_code"] == 200 and attrs["condition"] in ("cold", "prefix_hit")
     assert attrs["prompt_tokens"] >= 1 and attrs["completion_tokens"] == result.tokens
@@ -135,8 +104,7 @@ def test_poisson_workload_is_traced_and_joins_the_servers_trace(url, tmp_path):
         for row in r.rows:
             if row["stage"] == "connect":
                 assert span["start_ns"] <= row["start_ns"] <= row["end_ns"] <= span["end_ns"]
-    servers = {s.attributes.get("ttft.request_id"): s for s in exporter.spans
-               if s.name == "server"}
+    servers = {s.attributes.get("ttft.request_id"): s for s in exporter.spans if s.name == "server"}
     for r in results:
         server = servers[r.request_id]
         assert f"{server.context.trace_id:032x}" == r.trace_id
@@ -156,8 +124,9 @@ def test_closed_loop_records_the_wait_for_a_slot_before_the_client_span(url):
     # never more than two in flight
     for start, _ in spans:
         assert sum(s <= start < e for s, e in spans) <= 2
-    waited = [r for r in results
-              if client_span(r)["start_ns"] - events_of(r)["scheduled"][0] > 1_000_000]
+    waited = [
+        r for r in results if client_span(r)["start_ns"] - events_of(r)["scheduled"][0] > 1_000_000
+    ]
     assert len(waited) >= 3  # the three that found both slots taken
     connects = [row for r in results for row in r.rows if row["stage"] == "connect"]
     assert 1 <= len(connects) <= 2  # a pool of two keep-alive connections
@@ -209,10 +178,13 @@ def test_read_replay_scales_and_shares_prefixes(tmp_path):
     assert len(read_replay(path, limit=2)) == 2
 
     csv_path = tmp_path / "trace.csv"
-    csv_path.write_text("timestamp,input_length,output_length,hash_ids\n"
-                        '0,1200,20,"[1, 2, 3]"\n500,1100,10,"[1, 2, 4]"\n')
+    csv_path.write_text(
+        "timestamp,input_length,output_length,hash_ids\n"
+        '0,1200,20,"[1, 2, 3]"\n500,1100,10,"[1, 2, 4]"\n'
+    )
     assert read_replay(csv_path, scale_tokens=0.1) == [
-        WorkItem(it.arrival_s * 2, it.prompt, it.max_tokens, it.group) for it in items[:2]]
+        WorkItem(it.arrival_s * 2, it.prompt, it.max_tokens, it.group) for it in items[:2]
+    ]
 
 
 def test_read_replay_names_the_bad_line(tmp_path):

@@ -10,7 +10,7 @@ import json
 import time
 
 import pytest
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from _live import Collect
 
 import ttft.tracer as tt
 from ttft.engine.kv_cache import PagedKVCache
@@ -19,20 +19,6 @@ from ttft.engine.scheduler import Engine, EngineConfig, EngineStopped, QueueFull
 from ttft.engine.tokenizer import Tokenizer
 
 SMALL = dict(max_batch_tokens=40, chunk_size=16, block_size=8, num_blocks=512)
-
-
-class Collect(SpanExporter):
-    """Keeps every exported span."""
-
-    def __init__(self) -> None:
-        self.spans = []
-
-    def export(self, spans):
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        """Nothing to release."""
 
 
 @pytest.fixture(scope="module")

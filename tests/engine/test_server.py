@@ -4,15 +4,13 @@ streaming, usage, errors, cancellation on disconnect, metrics and tracing."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from _live import Collect, running
 from prometheus_client.parser import text_string_to_metric_families
 
 import ttft.tracer as tt
@@ -22,39 +20,6 @@ MODEL = "ttft-tiny"
 KEY = "sekret"
 TIMEOUT_S = 20.0
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
-
-
-class Collect(SpanExporter):
-    """Keeps every exported span."""
-
-    def __init__(self) -> None:
-        self.spans = []
-
-    def export(self, spans):
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        """Nothing to release."""
-
-
-@contextlib.contextmanager
-def running(app):
-    """Serve ``app`` with uvicorn on a free loopback port; yields the base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(TIMEOUT_S)
-        assert not thread.is_alive(), "uvicorn did not stop"
 
 
 def wait_for(predicate, timeout_s: float = TIMEOUT_S) -> bool:

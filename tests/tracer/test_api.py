@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from _live import Collect
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import ttft.tracer as tt
@@ -17,20 +18,6 @@ from ttft.collectors.otel_exporter import ParquetSpanExporter
 from ttft.collectors.store import read_trace
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-class Collect(SpanExporter):
-    """Keeps every exported span (a real SDK exporter interface)."""
-
-    def __init__(self) -> None:
-        self.spans = []
-
-    def export(self, spans):
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        """Nothing to release."""
 
 
 @pytest.fixture

@@ -1,0 +1,49 @@
+"""Helpers shared by tests: a collecting span exporter and a uvicorn server on loopback.
+
+Importable from every test module (``tests/`` is on ``sys.path`` through its conftest)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import uvicorn
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+TIMEOUT_S = 20.0
+
+
+class Collect(SpanExporter):
+    """Keeps every exported span (a real SDK exporter interface)."""
+
+    def __init__(self) -> None:
+        self.spans = []
+
+    def export(self, spans):
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+@contextlib.contextmanager
+def running(app, timeout_s: float = TIMEOUT_S) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port; yields the base URL and stops
+    the server (bounded) afterwards."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout_s)
+        assert not thread.is_alive(), "uvicorn did not stop"
