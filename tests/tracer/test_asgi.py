@@ -14,7 +14,7 @@ import time
 import httpx
 import pandas as pd
 import pytest
-import uvicorn
+from _live import running
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -178,19 +178,8 @@ def traced(tmp_path):
 
 @pytest.fixture(scope="module")
 def live_url():
-    server = uvicorn.Server(uvicorn.Config(APP, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(TIMEOUT_S)
+    with running(APP, TIMEOUT_S) as url:
+        yield url
 
 
 def asgi_get(path: str, headers: dict[str, str]) -> httpx.Response:
