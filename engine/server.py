@@ -239,30 +239,13 @@ class _Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry(auto_describe=True)
         b = _TIME_BUCKETS
-        self.ttft = Histogram(
-            "ttft:time_to_first_token_seconds",
-            "Endpoint received the request -> first token at the endpoint.",
-            buckets=b,
-            registry=r,
-        )
-        self.queue = Histogram(
-            "ttft:request_queue_time_seconds",
-            "Engine waiting queue entry -> admission by the scheduler.",
-            buckets=b,
-            registry=r,
-        )
-        self.prefill = Histogram(
-            "ttft:request_prefill_time_seconds",
-            "Admission -> first token at the endpoint.",
-            buckets=b,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "ttft:e2e_request_latency_seconds",
-            "Endpoint received the request -> last token.",
-            buckets=b,
-            registry=r,
-        )
+        for attr, name, meaning in (
+            ("ttft", "time_to_first_token", "Endpoint received the request -> first token."),
+            ("queue", "request_queue_time", "Engine waiting queue entry -> admission."),
+            ("prefill", "request_prefill_time", "Admission -> first token at the endpoint."),
+            ("e2e", "e2e_request_latency", "Endpoint received the request -> last token."),
+        ):
+            setattr(self, attr, Histogram(f"ttft:{name}_seconds", meaning, buckets=b, registry=r))
         self.requests = Counter(
             "ttft:requests_total", "Requests by outcome.", ["status"], registry=r
         )

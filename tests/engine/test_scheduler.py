@@ -31,14 +31,6 @@ def tok(tmp_path_factory) -> Tokenizer:
     return Tokenizer.load(cache_dir=tmp_path_factory.mktemp("tokenizer"))
 
 
-@pytest.fixture
-def collect():
-    exporter = Collect()
-    tracing = tt.configure("engine", [exporter], flush_interval_s=0.02)
-    yield exporter, tracing
-    tracing.shutdown()
-
-
 def reference(model: Transformer, tok: Tokenizer, ids: list[int], max_tokens: int) -> list[int]:
     """Plain greedy decoding, cut after EOS as the engine cuts it."""
     out = greedy(model, PagedKVCache.for_model(model, 128, 8), ids, max_tokens)

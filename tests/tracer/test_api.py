@@ -20,14 +20,6 @@ from ttft.collectors.store import read_trace
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-@pytest.fixture
-def collect():
-    exporter = Collect()
-    tracing = tt.configure("engine", [exporter], flush_interval_s=0.02)
-    yield exporter, tracing
-    tracing.shutdown()
-
-
 def by_name(spans):
     return {s.name: s for s in spans}
 
