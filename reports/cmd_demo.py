@@ -1,0 +1,38 @@
+"""``ttft demo``: the whole loop on one machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ttft.reports._app import app, err, fail, progress, stdout_console
+
+
+@app.command()
+def demo(
+    requests: Annotated[int, typer.Option(min=1, help="requests to send")] = 200,
+    out: Annotated[Path, typer.Option("-o", "--out", help="folder for the trace")] = Path(
+        "ttft-demo"
+    ),
+    model: Annotated[str, typer.Option(help="model preset: tiny, small or base")] = "small",
+    rate: Annotated[float, typer.Option(min=0.01, help="Poisson arrivals per second")] = 6.0,
+    seed: Annotated[int, typer.Option(help="seed for everything random")] = 0,
+) -> None:
+    """Start the reference server in-process on a free loopback port (CPU), trace a mixed
+    Poisson workload from the client and the server into one Parquet trace, and print
+    where each request's time to first token went."""
+    from ttft.reports.demo import run_demo
+    from ttft.reports.terminal import render_analysis
+
+    try:
+        with progress(f"serving {model!r} and sending {requests} requests"):
+            result = run_demo(out, requests=requests, model=model, rate_per_s=rate, seed=seed)
+    except OSError as exc:
+        raise fail(f"{out}: {exc.strerror or exc}") from None
+    render_analysis(result.summary, stdout_console())
+    err.print(
+        f"{result.requests} requests ({result.errors} failed) in {result.seconds:.1f} s; "
+        f"trace: {result.trace} (try: ttft analyze {result.trace} --boundary engine)"
+    )

@@ -1,0 +1,78 @@
+"""``ttft serve``: the reference engine behind an OpenAI-compatible HTTP API, traced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ttft.reports._app import app, err, fail
+
+
+def _delays(values: list[str]) -> dict[str, float]:
+    """``STAGE=MS`` pairs → ``{stage: ms}``, with an error naming a bad pair."""
+    out: dict[str, float] = {}
+    for value in values:
+        stage, sep, ms = value.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[stage.strip()] = float(ms)
+        except ValueError:
+            raise fail(f"--inject-delay {value!r}: expected STAGE=MS, e.g. queue=50") from None
+    return out
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="model preset: tiny, small or base")] = "tiny",
+    host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    max_batch_tokens: Annotated[int, typer.Option(min=1, help="token budget per step")] = 512,
+    chunk_size: Annotated[int, typer.Option(min=1, help="prefill chunk size")] = 256,
+    max_queue: Annotated[int, typer.Option(min=1, help="waiting requests before 429")] = 64,
+    api_key: Annotated[str | None, typer.Option(help="require 'Authorization: Bearer KEY'")] = None,
+    otlp_endpoint: Annotated[
+        str | None, typer.Option(help="also export spans over OTLP/HTTP to this URL")
+    ] = None,
+    trace_out: Annotated[
+        Path | None, typer.Option(help="write the server's spans to this Parquet trace")
+    ] = None,
+    inject_delay: Annotated[
+        list[str] | None,
+        typer.Option(help="STAGE=MS: a known delay inside a stage (repeatable)"),
+    ] = None,
+) -> None:
+    """Serve the reference engine over an OpenAI-compatible HTTP API, traced: every
+    request's server, engine and forward spans go to --trace-out and/or --otlp-endpoint."""
+    from ttft.engine.server import build_engine
+    from ttft.engine.server import serve as run_server
+
+    exporters = []
+    if trace_out is not None:
+        from ttft.collectors.otel_exporter import ParquetSpanExporter
+
+        try:
+            exporters.append(ParquetSpanExporter(trace_out))
+        except (OSError, ValueError) as exc:
+            raise fail(f"{trace_out}: cannot write a trace there ({exc})") from None
+    if otlp_endpoint is not None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporters.append(OTLPSpanExporter(endpoint=otlp_endpoint))
+    delays = _delays(inject_delay or [])
+    try:
+        engine = build_engine(
+            model,
+            device=device,
+            max_batch_tokens=max_batch_tokens,
+            chunk_size=chunk_size,
+            max_queue=max_queue,
+            inject_delay_ms=delays,
+        )
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    err.print(f"serving model {model!r} on http://{host}:{port}/v1 (Ctrl-C to stop)")
+    run_server(engine, host=host, port=port, api_key=api_key, exporters=exporters, model_name=model)
