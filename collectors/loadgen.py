@@ -10,19 +10,16 @@ start time, so a slow request never delays the schedule of the next.
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
-import os
-import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import numpy as np
 import pyarrow as pa
 
 from ttft.collectors._spans import to_span_table
+from ttft.collectors.workloads import WorkItem, Workload
 from ttft.tracer.api import clock_ns
 from ttft.tracer.context import format_traceparent, new_span_id, new_trace_id
 from ttft.tracer.schema import (
@@ -36,175 +33,10 @@ from ttft.tracer.schema import (
 if TYPE_CHECKING:
     from ttft.collectors.store import TraceWriter
 
-__all__ = [
-    "SERVICE", "RequestResult", "WorkItem", "Workload", "burst", "constant", "poisson",
-    "read_replay", "results_table", "run", "workload",
-]
+__all__ = ["SERVICE", "RequestResult", "results_table", "run"]
 
 SERVICE = "loadgen"
 """The ``service`` value of every row the load generator writes."""
-
-BLOCK_TOKENS = 512
-"""Tokens per Mooncake prefix block (``hash_ids``)."""
-
-
-@dataclass(frozen=True)
-class WorkItem:
-    """One request of a workload.
-
-    Attributes:
-        arrival_s: offset from the run's start at which the request is due.
-        prompt: prompt text, or token ids (sent as the completion ``prompt`` as they are).
-        max_tokens: the most tokens to generate.
-        group: optional prefix-group label (requests of one group share a prompt prefix).
-    """
-
-    arrival_s: float
-    prompt: str | list[int]
-    max_tokens: int
-    group: str | None = None
-
-
-Workload = Sequence[WorkItem]
-
-
-def workload(offsets_s: Sequence[float], prompts: Sequence[str | list[int]],
-             max_tokens: int) -> list[WorkItem]:
-    """Pair arrival offsets with prompts (cycled) into a workload of ``len(offsets_s)``."""
-    if not prompts:
-        raise ValueError("prompts must not be empty")
-    return [WorkItem(float(t), prompts[i % len(prompts)], max_tokens)
-            for i, t in enumerate(offsets_s)]
-
-
-# -- arrival patterns ---------------------------------------------------------------------
-
-def poisson(rate_per_s: float, n: int, seed: int = 0) -> list[float]:
-    """``n`` arrival offsets (s) of a Poisson process: exponential gaps of mean
-    ``1/rate_per_s`` from a seeded generator; the first arrival is at 0."""
-    if not rate_per_s > 0 or n < 0:
-        raise ValueError(f"need rate_per_s > 0 and n >= 0, got {rate_per_s}, {n}")
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, size=n)
-    if n:
-        gaps[0] = 0.0
-    return [float(x) for x in np.cumsum(gaps)]
-
-
-def constant(rate_per_s: float, n: int) -> list[float]:
-    """``n`` arrival offsets (s), evenly ``1/rate_per_s`` apart, from 0."""
-    if not rate_per_s > 0 or n < 0:
-        raise ValueError(f"need rate_per_s > 0 and n >= 0, got {rate_per_s}, {n}")
-    return [i / rate_per_s for i in range(n)]
-
-
-def burst(n: int) -> list[float]:
-    """``n`` arrivals all at 0; with ``run(concurrency=N)`` this is a closed loop: a new
-    request starts as soon as one finishes."""
-    if n < 0:
-        raise ValueError(f"need n >= 0, got {n}")
-    return [0.0] * n
-
-
-# -- replay ---------------------------------------------------------------------------------
-
-_WORDS = (
-    "the a of and to in is it that was for on are with as his they be at one have this from "
-    "or had by word but what some we can out other were all there when up use your how said "
-    "an each she which do their time if will way about many then them write would like so "
-    "these her long make thing see him two has look more day could go come did number sound "
-    "no most people my over know water than call first who may down side been now find"
-).split()
-
-
-def _block_words(key: str, n_words: int) -> list[str]:
-    rng = random.Random(key)  # str seeds hash deterministically (sha512), not per process
-    return [rng.choice(_WORDS) for _ in range(n_words)]
-
-
-def _replay_rows(path: str) -> list[tuple[int, dict[str, Any]]]:
-    rows: list[tuple[int, dict[str, Any]]] = []
-    with open(path, newline="") as f:
-        if path.endswith(".csv"):
-            for row in csv.DictReader(f):
-                rows.append((len(rows) + 2, dict(row)))  # line 1 is the header
-        else:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise ValueError(f"{path}:{lineno}: not a JSON object ({exc})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path}:{lineno}: not a JSON object")
-                rows.append((lineno, row))
-    return rows
-
-
-def _hash_ids(value: Any) -> list[int] | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, str):  # CSV: "[1, 2, 3]" or "1 2 3"
-        value = json.loads(value) if value.lstrip().startswith("[") else value.split()
-    if not isinstance(value, list):
-        raise ValueError("hash_ids is not a list")
-    return [int(v) for v in value]
-
-
-def read_replay(path: str | os.PathLike[str], *, scale_tokens: float = 1.0,
-                scale_time: float = 1.0, limit: int | None = None) -> list[WorkItem]:
-    """A workload from a request trace (Mooncake JSONL, or CSV with the same columns).
-
-    Columns: ``timestamp`` (ms), ``input_length`` and ``output_length`` (tokens), optional
-    ``hash_ids`` (512-token prefix blocks; equal ids mean equal prompt prefixes). Prompts are
-    built from one deterministic text block per hash id (``512 * scale_tokens`` words each,
-    a word standing in for a token), so requests sharing ids share prompt prefixes; rows
-    without ``hash_ids`` get text of their own. Arrival offsets are ``(timestamp - first
-    timestamp) * scale_time`` in seconds; ``scale_tokens`` scales prompt and output lengths
-    (at least 1 each). A ``.csv`` suffix selects CSV, anything else JSONL.
-
-    Raises:
-        ValueError: a row that is not valid; the message names the file and the line.
-        OSError: the file cannot be read.
-    """
-    if not scale_tokens > 0 or not scale_time >= 0:
-        raise ValueError(f"need scale_tokens > 0 and scale_time >= 0, got {scale_tokens}, "
-                         f"{scale_time}")
-    path = os.fspath(path)
-    block_words = max(1, round(BLOCK_TOKENS * scale_tokens))
-    items: list[WorkItem] = []
-    first_ms: float | None = None
-    for lineno, row in _replay_rows(path):
-        if limit is not None and len(items) >= limit:
-            break
-        try:
-            timestamp_ms = float(row["timestamp"])
-            input_tokens, output_tokens = int(row["input_length"]), int(row["output_length"])
-            ids = _hash_ids(row.get("hash_ids"))
-            if input_tokens < 1 or output_tokens < 0 or not timestamp_ms >= 0:
-                raise ValueError("negative or zero length, or a bad timestamp")
-        except KeyError as exc:
-            raise ValueError(f"{path}:{lineno}: missing column {exc}") from None
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{path}:{lineno}: bad row ({exc})") from None
-        first_ms = timestamp_ms if first_ms is None else first_ms
-        n_words = max(1, round(input_tokens * scale_tokens))
-        keys = [f"block-{h}" for h in ids] if ids else [f"row-{lineno}-{i}" for i in
-                                                        range(-(-n_words // block_words))]
-        words: list[str] = []
-        for key in keys:
-            if len(words) >= n_words:
-                break
-            words.extend(_block_words(key, block_words))
-        while len(words) < n_words:  # fewer hash ids than the length needs
-            words.extend(_block_words(f"row-{lineno}-{len(words)}", block_words))
-        items.append(WorkItem(
-            arrival_s=(timestamp_ms - first_ms) * scale_time / 1000.0,
-            prompt=" ".join(words[:n_words]),
-            max_tokens=max(1, round(output_tokens * scale_tokens)),
-            group=str(ids[0]) if ids else None,
-        ))
-    return items
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -271,7 +103,8 @@ def _sse_events(buffer: bytearray) -> list[str]:
 class _Request:
     """One request's state while it runs; ``finish`` turns it into a result with rows."""
 
-    def __init__(self, index: int, scheduled_ns: int) -> None:
+    def __init__(self, index: int, scheduled_ns: int, item: WorkItem | None = None) -> None:
+        self.item = item
         self.trace_id = f"{new_trace_id():032x}"
         self.span_id = new_span_id()
         self.result = RequestResult(index, self.trace_id)
@@ -320,6 +153,11 @@ class _Request:
             ATTR_PROMPT_TOKENS: r.prompt_tokens, "completion_tokens": self.completion_tokens,
             ATTR_CACHED_TOKENS: r.cached_tokens, "content_chunks": self.content_chunks,
         }
+        if self.item is not None and self.item.target_tokens is not None:
+            attrs["prompt_tokens_target"] = self.item.target_tokens
+            attrs["prompt_tokens_exact"] = self.item.exact
+        if self.item is not None and self.item.group is not None:
+            attrs["prefix_group"] = self.item.group
         if r.cached_tokens is not None:
             attrs["condition"] = "prefix_hit" if r.cached_tokens > 0 else "cold"
         if r.error is not None:
@@ -393,7 +231,9 @@ async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any],
 
 async def run(base_url: str, workload: Workload, *, chat: bool = False, model: str | None = None,
               concurrency: int | None = None, warmup: int = 0, api_key: str | None = None,
-              timeout_s: float = 60.0, writer: TraceWriter | None = None) -> list[RequestResult]:
+              timeout_s: float = 60.0, writer: TraceWriter | None = None,
+              on_sent: Callable[[int], None] | None = None,
+              on_result: Callable[[RequestResult], None] | None = None) -> list[RequestResult]:
     """Send ``workload`` to an OpenAI-compatible server, streaming, and trace each request.
 
     Each request is due at run start + its ``arrival_s`` (the ``scheduled`` event); with
@@ -412,6 +252,8 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
         api_key: sent as ``Authorization: Bearer``.
         timeout_s: the longest one request may take, end to end.
         writer: a ``TraceWriter``; the rows of every request are appended to it.
+        on_sent: called with a request's index when it is handed to the HTTP client.
+        on_result: called with each result as its request ends (for progress displays).
 
     Returns:
         One result per workload item, in workload order.
@@ -459,9 +301,14 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
 
         async def one(index: int, item: WorkItem) -> RequestResult:
             await asyncio.sleep(max(0.0, start_s + item.arrival_s - loop.time()))
-            req = _Request(index, clock_ns())
+            req = _Request(index, clock_ns(), item)
             async with slots:
-                return await attempt(item, req)
+                if on_sent is not None:
+                    on_sent(index)
+                result = await attempt(item, req)
+            if on_result is not None:
+                on_result(result)
+            return result
 
         results = await asyncio.gather(*(one(i, item) for i, item in enumerate(workload)))
     if writer is not None and results:

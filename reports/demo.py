@@ -20,7 +20,7 @@ from typing import Any
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
 from ttft.analysis.summary import summarize
-from ttft.collectors import loadgen
+from ttft.collectors import loadgen, workloads
 from ttft.collectors.otel_exporter import ParquetSpanExporter
 from ttft.collectors.store import TraceWriter, read_trace
 from ttft.tracer import configure
@@ -115,8 +115,8 @@ def run_demo(
         words = corpus_text().split()
         # about 1.3 tokens a word: keep prompt + output well inside the context
         max_words = min(300, (engine.model.config.max_seq_len - max_tokens) // 2)
-        work = loadgen.workload(
-            loadgen.poisson(rate_per_s, requests, seed),
+        work = workloads.workload(
+            workloads.poisson(rate_per_s, requests, seed),
             _prompts(requests, seed, words, max_words),
             max_tokens,
         )

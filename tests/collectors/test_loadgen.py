@@ -8,22 +8,13 @@ import asyncio
 import json
 import time
 
-import numpy as np
 import pytest
 from _live import Collect, running
 
 import ttft.tracer as tt
-from ttft.collectors.loadgen import (
-    WorkItem,
-    burst,
-    constant,
-    poisson,
-    read_replay,
-    results_table,
-    run,
-    workload,
-)
+from ttft.collectors.loadgen import results_table, run
 from ttft.collectors.store import TraceWriter, read_trace
+from ttft.collectors.workloads import WorkItem, burst, poisson, workload
 from ttft.engine.server import build_engine, create_app
 from ttft.tracer.schema import CLIENT_CLOCK
 
@@ -141,61 +132,3 @@ def test_failures_are_recorded_not_raised(url):
     refused = asyncio.run(run("http://127.0.0.1:9", work[:1], timeout_s=5.0))
     assert refused[0].status_code is None and refused[0].error
     assert len(results_table(refused)) >= 2  # the client span and its scheduled event
-
-
-def test_arrival_patterns_are_seeded_monotone_and_at_rate():
-    a, b = poisson(50.0, 20_000, seed=7), poisson(50.0, 20_000, seed=7)
-    assert a == b and a != poisson(50.0, 20_000, seed=8)
-    assert a[0] == 0.0 and all(np.diff(a) >= 0)
-    assert len(a) / a[-1] == pytest.approx(50.0, rel=0.03)
-    assert constant(4.0, 5) == [0.0, 0.25, 0.5, 0.75, 1.0]
-    assert burst(3) == [0.0, 0.0, 0.0] and poisson(1.0, 0) == []
-    with pytest.raises(ValueError):
-        poisson(0.0, 3)
-
-
-MOONCAKE = [
-    {"timestamp": 0, "input_length": 1200, "output_length": 20, "hash_ids": [1, 2, 3]},
-    {"timestamp": 500, "input_length": 1100, "output_length": 10, "hash_ids": [1, 2, 4]},
-    {"timestamp": 1500, "input_length": 300, "output_length": 5, "hash_ids": [9]},
-    {"timestamp": 2000, "input_length": 600, "output_length": 40},
-    {"timestamp": 3000, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]},
-]
-
-
-def test_read_replay_scales_and_shares_prefixes(tmp_path):
-    path = tmp_path / "trace.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in MOONCAKE))
-    items = read_replay(path, scale_tokens=0.1, scale_time=0.5)
-    assert [it.arrival_s for it in items] == [0.0, 0.25, 0.75, 1.0, 1.5]
-    assert [len(it.prompt.split()) for it in items] == [120, 110, 30, 60, 102]
-    assert [it.max_tokens for it in items] == [2, 1, 1, 4, 1]
-    assert [it.group for it in items] == ["1", "1", "9", None, "1"]
-    words = [it.prompt.split() for it in items]
-    assert words[0][:102] == words[1][:102] == words[4]  # blocks 1 and 2 (51 words each)
-    assert words[0][102:] != words[1][102:108]
-    assert items == read_replay(path, scale_tokens=0.1, scale_time=0.5)  # deterministic
-    assert len(read_replay(path, limit=2)) == 2
-
-    csv_path = tmp_path / "trace.csv"
-    csv_path.write_text(
-        "timestamp,input_length,output_length,hash_ids\n"
-        '0,1200,20,"[1, 2, 3]"\n500,1100,10,"[1, 2, 4]"\n'
-    )
-    assert read_replay(csv_path, scale_tokens=0.1) == [
-        WorkItem(it.arrival_s * 2, it.prompt, it.max_tokens, it.group) for it in items[:2]
-    ]
-
-
-def test_read_replay_names_the_bad_line(tmp_path):
-    path = tmp_path / "bad.jsonl"
-    rows = [json.dumps(row) for row in MOONCAKE[:2]]
-    path.write_text("\n".join([*rows, '{"timestamp": 1, "output_length": 3}']) + "\n")
-    with pytest.raises(ValueError, match=r"bad\.jsonl:3: missing column 'input_length'"):
-        read_replay(path)
-    path.write_text(rows[0] + "\nnot json\n")
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not a JSON object"):
-        read_replay(path)
-    path.write_text('{"timestamp": 0, "input_length": "x", "output_length": 1}\n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl:1: bad row"):
-        read_replay(path)
