@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ttft.tracer.api import clock_ns, record, stage
-from ttft.tracer.context import request_context
+from ttft.tracer.context import parse_traceparent, request_context
 from ttft.tracer.schema import EV_FIRST_BYTE
 
 __all__ = ["TTFTMiddleware"]
@@ -233,7 +233,9 @@ class TTFTMiddleware:
         app: the ASGI application to wrap.
         request_id_header: the request header whose value is the request id (lowercase
             compared); without it a fresh ``req-<16 hex>`` id is made.
-        exclude_paths: paths passed through untraced (health checks, metric scrapes).
+        exclude_paths: paths passed through untraced (health checks, metric scrapes, model
+            lists and tokenizer calls: no inference requests). A request whose
+            ``traceparent`` says "not sampled" (flags ``00``) is passed through untraced too.
 
     Per request the middleware continues the incoming W3C ``traceparent`` (``tracestate``
     kept as an attribute) under ``ttft.tracer.request_context`` and opens the ``server``
@@ -255,7 +257,9 @@ class TTFTMiddleware:
         app: ASGIApp,
         *,
         request_id_header: str = "x-request-id",
-        exclude_paths: tuple[str, ...] = ("/health", "/metrics"),
+        exclude_paths: tuple[str, ...] = (
+            "/health", "/metrics", "/v1/models", "/tokenize", "/detokenize",
+        ),
     ) -> None:
         self.app = app
         self.request_id_header = request_id_header.lower().encode("latin-1")
@@ -278,6 +282,12 @@ class TTFTMiddleware:
                     request_id = bytes(value).decode("latin-1").strip() or None
         except Exception:
             pass  # malformed headers: trace as a request without context
+        parsed = parse_traceparent(traceparent)
+        if parsed is not None and not parsed[2]:
+            # the caller sampled this request out (W3C flags 00; e.g. a load generator's
+            # warm-up): parent-based sampling records nothing of it
+            await self.app(scope, receive, send)
+            return
         request_id = request_id or _new_request_id()
         try:
             state = scope.setdefault("state", {})

@@ -145,7 +145,7 @@ ROUTES = [
     Route("/no-token", no_token_stream),
     Route("/slow", slow_stream),
     Route("/json", completion),
-    Route("/tokenize", tokenized),
+    Route("/tokenized", tokenized),
     Route("/boom", boom),
 ]
 APP = Finished(TTFTMiddleware(Starlette(routes=ROUTES)))
@@ -291,7 +291,7 @@ def test_non_streamed_response_first_byte_and_generated_request_id(traced, get):
 
 def test_app_stages_nest_under_server(traced, get):
     rid = f"req-tok-{next(_ids)}"
-    response = get("/tokenize", {"traceparent": traceparent(), "x-request-id": rid})
+    response = get("/tokenized", {"traceparent": traceparent(), "x-request-id": rid})
     assert response.json() == {"id": rid}
     found = spans(traced.rows(), rid)
     check_tree(found, ["server", "tokenize", "stream", "first_byte"])
@@ -478,7 +478,7 @@ def test_lifespan_and_websocket_pass_through_untouched():
         assert scope == {"type": kind}
 
 
-def test_health_and_metrics_paths_are_not_traced(tmp_path):
+def test_non_inference_paths_and_unsampled_requests_are_not_traced(tmp_path):
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -489,15 +489,19 @@ def test_health_and_metrics_paths_are_not_traced(tmp_path):
     try:
         middleware = TTFTMiddleware(app)
 
-        async def call(path: str) -> None:
+        async def call(path: str, headers: dict[str, str] | None = None) -> None:
             transport = httpx.ASGITransport(app=middleware)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-                assert (await client.get(path)).status_code == 200
+                assert (await client.get(path, headers=headers)).status_code == 200
 
-        for path in ("/health", "/metrics", "/v1/models"):
+        for path in ("/health", "/metrics", "/v1/models", "/tokenize", "/detokenize"):
             asyncio.run(call(path))
+        unsampled = f"00-{'ab' * 16}-{'cd' * 8}-00"
+        asyncio.run(call("/v1/completions", {"traceparent": unsampled}))
+        asyncio.run(call("/v1/completions", {"traceparent": unsampled[:-2] + "01"}))
     finally:
         tracing.shutdown()
     rows = read_trace(tmp_path / "t.parquet").to_pandas()
     servers = rows[rows.name == "server"]
-    assert [json.loads(a)["path"] for a in servers.attributes] == ["/v1/models"]
+    assert [json.loads(a)["path"] for a in servers.attributes] == ["/v1/completions"]
+    assert list(servers.trace_id) == ["ab" * 16]

@@ -1,0 +1,310 @@
+"""Trace a live OpenAI-compatible server: the load generator's client spans and the spans
+the server exports to our OTLP receiver, written into one trace with the run's metadata.
+
+This is ``ttft trace`` without the terminal (and what ``ttft demo`` runs against its
+in-process server). It imports nothing of the reference engine, so any server will do; one
+that exports no spans still gives the client's view (``connect``, ``network``, TTFT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ttft.collectors import loadgen, workloads
+from ttft.collectors.store import TraceWriter
+from ttft.collectors.workloads import WorkItem
+
+__all__ = ["TraceRun", "TraceSpec", "build_workload", "server_models", "trace_server"]
+
+ARRIVALS = ("poisson", "constant")
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """What to send and how. Exactly one of ``rate``, ``concurrency``, ``burst`` or
+    ``replay`` chooses the arrivals; ``requests`` or ``duration_s`` how many there are.
+
+    Attributes:
+        url: the server's base URL (``/v1/...`` is appended).
+        model: the ``model`` field; None asks the server's ``/v1/models`` for its first.
+        endpoint: ``completions`` or ``chat``.
+        rate: arrivals per second (``arrival``: ``poisson`` or ``constant`` gaps).
+        concurrency: a closed loop with this many requests in flight.
+        burst: this many requests all at once.
+        replay: a request trace (Mooncake JSONL or CSV), see :func:`workloads.read_replay`.
+        requests, duration_s: stop after this many requests / arrivals in this many seconds.
+        warmup: untraced requests sent first (they open connections and warm the server).
+        prompt_tokens: prompt lengths drawn uniformly from this range (tokens).
+        output_tokens: ``max_tokens`` of every request.
+        shared_prefix, prefix_tokens: P prefixes x S suffixes, each prefix this long.
+        seed: for everything random.
+        api_key: sent as ``Authorization: Bearer``; never written to the trace.
+        timeout_s: the longest one request may take.
+        receiver_host, receiver_port: where the OTLP/HTTP receiver listens (0: any port).
+        receiver_grpc_port: where the OTLP/gRPC receiver listens; None: no gRPC receiver.
+        receiver_token: bearer token the receiver requires; None: none.
+        span_wait_s: after the last response, how long to wait for the server's spans.
+    """
+
+    url: str
+    model: str | None = None
+    endpoint: str = "completions"
+    rate: float | None = None
+    arrival: str = "poisson"
+    concurrency: int | None = None
+    burst: int | None = None
+    replay: str | None = None
+    scale_tokens: float = 1.0
+    scale_time: float = 1.0
+    requests: int | None = None
+    duration_s: float | None = None
+    warmup: int = 1
+    prompt_tokens: tuple[int, int] = (128, 512)
+    output_tokens: int = 32
+    shared_prefix: tuple[int, int] | None = None
+    prefix_tokens: int | None = None
+    seed: int = 0
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = 120.0
+    receiver_host: str = "127.0.0.1"
+    receiver_port: int = 4318
+    receiver_grpc_port: int | None = None
+    receiver_token: str | None = field(default=None, repr=False)
+    span_wait_s: float = 10.0
+
+    def check(self) -> None:
+        """Raise ValueError naming the first option that does not make sense."""
+        chosen = [n for n in ("rate", "concurrency", "burst", "replay") if getattr(self, n)]
+        if len(chosen) != 1:
+            raise ValueError("choose exactly one of --rate, --concurrency, --burst, --replay"
+                             + (f" (got {', '.join(chosen)})" if chosen else ""))
+        if self.endpoint not in ("completions", "chat"):
+            raise ValueError(f"--endpoint must be completions or chat, not {self.endpoint!r}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"--arrival must be one of {ARRIVALS}, not {self.arrival!r}")
+        if self.requests is None and self.duration_s is None and not (self.burst or self.replay):
+            raise ValueError("give --requests N or --duration S")
+        if self.requests is not None and self.duration_s is not None:
+            raise ValueError("give --requests or --duration, not both")
+        if self.concurrency and self.duration_s is not None:
+            raise ValueError("--concurrency runs a fixed number of requests: use --requests")
+
+    def count(self) -> int | None:
+        """The number of requests the arrivals give (None for a replay: the file's rows)."""
+        if self.requests is not None:
+            return self.requests
+        if self.burst:
+            return self.burst
+        if self.rate and self.duration_s is not None:
+            return max(1, int(self.rate * self.duration_s))
+        return None
+
+
+def build_workload(spec: TraceSpec) -> list[WorkItem]:
+    """The spec's requests with their arrival offsets and approximate-length prompts.
+
+    Raises:
+        ValueError: a bad option or a bad replay row. OSError: the replay file.
+    """
+    spec.check()
+    n = spec.count()
+    if spec.replay:
+        items = workloads.read_replay(spec.replay, scale_tokens=spec.scale_tokens,
+                                      scale_time=spec.scale_time, limit=n)
+        if spec.duration_s is not None:
+            items = [it for it in items if it.arrival_s < spec.duration_s]
+        if not items:
+            raise ValueError(f"{spec.replay}: no requests to replay")
+        return items
+    assert n is not None
+    if spec.rate:
+        offsets = (workloads.poisson(spec.rate, n, spec.seed) if spec.arrival == "poisson"
+                   else workloads.constant(spec.rate, n))
+    else:
+        offsets = workloads.burst(n)
+    return workloads.synthetic(offsets, prompt_tokens=spec.prompt_tokens,
+                               max_tokens=spec.output_tokens, shared_prefix=spec.shared_prefix,
+                               prefix_tokens=spec.prefix_tokens, seed=spec.seed)
+
+
+def server_models(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The server's ``GET /v1/models`` answer.
+
+    Raises:
+        ConnectionError: the server cannot be reached or answers with an error.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ConnectionError(f"{url}: cannot reach the server ({exc})") from None
+    if response.status_code != 200:
+        raise ConnectionError(f"{url}/v1/models: HTTP {response.status_code} "
+                              f"{response.text[:200]}")
+    try:
+        out = response.json()
+    except ValueError:
+        raise ConnectionError(f"{url}/v1/models: the answer is not JSON") from None
+    return out if isinstance(out, dict) else {"data": out}
+
+
+@dataclass
+class TraceRun:
+    """What a traced run did.
+
+    Attributes:
+        trace: the trace file written.
+        results: the client's view of every request, in workload order.
+        model: the model traced.
+        exact_prompts: True when the server's ``/tokenize`` fitted every prompt exactly.
+        server_spans: span rows the receiver stored.
+        joined: requests with at least one span from the server.
+        receiver: the OTLP/HTTP endpoint the server could export to.
+        seconds: wall time of the whole run.
+    """
+
+    trace: Path
+    results: list[loadgen.RequestResult]
+    model: str
+    exact_prompts: bool
+    server_spans: int
+    joined: int
+    receiver: str
+    seconds: float
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for r in self.results if r.error)
+
+
+class _SeenSink:
+    """Forwards the receiver's rows to the writer and remembers which traces they joined."""
+
+    def __init__(self, writer: TraceWriter) -> None:
+        self.writer = writer
+        self.rows = 0
+        self.trace_ids: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, table: pa.Table) -> None:
+        self.writer.append(table)
+        ids = pc.unique(table.column("trace_id")).to_pylist()
+        with self.lock:
+            self.rows += table.num_rows
+            self.trace_ids.update(ids)
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in ("ttft", "httpx", "opentelemetry-proto", "pyarrow"):
+        try:
+            out[dist] = importlib_metadata.version(dist)
+        except importlib_metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def trace_server(spec: TraceSpec, out: str | Path, *,
+                 on_start: Callable[[int, str], None] | None = None,
+                 on_sent: Callable[[int], None] | None = None,
+                 on_result: Callable[[loadgen.RequestResult], None] | None = None,
+                 on_waiting: Callable[[], None] | None = None) -> TraceRun:
+    """Run ``spec`` against its server and write one trace to ``out``.
+
+    Steps: ask ``/v1/models``; start the OTLP receiver(s); build the workload and fit its
+    prompts exactly through ``/tokenize`` when the server has one; send it; wait (at most
+    ``span_wait_s``) until every answered request's trace has spans from the server; stop.
+
+    Args:
+        on_start: called with the number of requests and the receiver endpoint.
+        on_sent, on_result: passed to :func:`loadgen.run`.
+        on_waiting: called when the load is done and the wait for server spans begins.
+
+    Raises:
+        ValueError: a bad option. ConnectionError: the server is unreachable or has no such
+        model. OSError: the receiver cannot bind, or ``out`` cannot be written.
+    """
+    started = time.perf_counter()
+    items = build_workload(spec)
+    models = server_models(spec.url, spec.api_key)
+    ids = [m.get("id") for m in models.get("data") or () if isinstance(m, dict)]
+    model = spec.model or (ids[0] if ids else None)
+    if model is None:
+        raise ConnectionError(f"{spec.url}/v1/models lists no model; pass --model")
+    if ids and model not in ids:
+        raise ConnectionError(f"{spec.url} does not serve {model!r} (it serves: "
+                              f"{', '.join(map(str, ids))})")
+    fitted = asyncio.run(workloads.fit_to_server(spec.url, items, model=model,
+                                                 api_key=spec.api_key))
+    exact = fitted is not None and all(it.exact for it in fitted if it.target_tokens)
+    items = fitted if fitted is not None else items
+    arguments = {k: v for k, v in asdict(spec).items() if k not in ("api_key", "receiver_token")}
+    writer = TraceWriter(out, metadata={
+        "command": "ttft trace",
+        "arguments": arguments,
+        "server": {"url": spec.url, "model": model, "models": models},
+        "prompt_lengths": ("exact (server /tokenize)" if exact else
+                           "approximate (one word per token; the server has no /tokenize)"
+                           if fitted is None else "mostly exact (some could not be fitted)"),
+        "versions": _versions(),
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    })
+    sink = _SeenSink(writer)
+    receivers: list[Any] = []
+    try:
+        receivers.extend(_start_receivers(spec, sink))
+        endpoint = receivers[0].endpoint
+        if on_start is not None:
+            on_start(len(items), endpoint)
+        results = asyncio.run(loadgen.run(
+            spec.url, items, chat=spec.endpoint == "chat", model=model,
+            concurrency=spec.concurrency, warmup=spec.warmup, api_key=spec.api_key,
+            timeout_s=spec.timeout_s, writer=writer, on_sent=on_sent, on_result=on_result))
+        if on_waiting is not None:
+            on_waiting()
+        wanted = {r.trace_id for r in results if r.status_code == 200}
+        deadline = time.monotonic() + spec.span_wait_s
+        while time.monotonic() < deadline:
+            with sink.lock:
+                if wanted <= sink.trace_ids:
+                    break
+            time.sleep(0.05)
+    finally:
+        for receiver in receivers:
+            receiver.stop()
+        writer.close()
+    with sink.lock:
+        joined = len({r.trace_id for r in results} & sink.trace_ids)
+    return TraceRun(Path(out), results, model, exact, sink.rows, joined, endpoint,
+                    time.perf_counter() - started)
+
+
+def _start_receivers(spec: TraceSpec, sink: _SeenSink) -> list[Any]:
+    from ttft.collectors.otlp_receiver import OTLPReceiver
+
+    receivers: list[Any] = [OTLPReceiver(sink, host=spec.receiver_host, port=spec.receiver_port,
+                                         token=spec.receiver_token).start()]
+    if spec.receiver_grpc_port is not None:
+        from ttft.collectors.otlp_grpc import OTLPGrpcReceiver
+
+        try:
+            receivers.append(OTLPGrpcReceiver(sink, host=spec.receiver_host,
+                                              port=spec.receiver_grpc_port,
+                                              token=spec.receiver_token).start())
+        except BaseException:
+            receivers[0].stop()
+            raise
+    return receivers

@@ -1,0 +1,194 @@
+"""``ttft trace`` and ``ttft join``: trace a live server from the client side, receiving
+its own spans over OTLP, into one trace; or join a client trace with span files written
+elsewhere."""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ttft.reports._app import app, err, fail, stdout_console
+
+
+def _range(value: str, option: str) -> tuple[int, int]:
+    """``A`` or ``A:B`` → (A, B), with an error naming the option."""
+    head, _, tail = value.partition(":")
+    try:
+        lo, hi = int(head), int(tail or head)
+    except ValueError:
+        raise fail(f"{option} {value!r}: expected A or A:B (whole numbers)") from None
+    return lo, hi
+
+
+class _Display:
+    """The live progress line: sent, completed, errors, running TTFT p50/p99."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = progress.add_task("starting", total=None, stats="")
+        self.sent = self.errors = 0
+        self.ttfts: list[float] = []
+
+    def start(self, total: int, receiver: str) -> None:
+        err.print(f"receiving the server's spans on {receiver} (OTLP/HTTP)")
+        self.progress.update(self.task, total=total, description="requests")
+
+    def on_sent(self, index: int) -> None:
+        self.sent += 1
+        self._refresh(advance=0)
+
+    def on_result(self, result) -> None:
+        if result.error:
+            self.errors += 1
+        elif result.ttft_s is not None:
+            bisect.insort(self.ttfts, result.ttft_s * 1000)
+        self._refresh(advance=1)
+
+    def waiting(self) -> None:
+        self.progress.update(self.task, description="waiting for the server's spans")
+
+    def _refresh(self, advance: int) -> None:
+        stats = f"sent {self.sent}  errors {self.errors}"
+        if self.ttfts:
+            n = len(self.ttfts)
+            p50, p99 = self.ttfts[(n - 1) // 2], self.ttfts[min(n - 1, int(0.99 * n))]
+            stats += f"  TTFT p50 {p50:,.1f} ms  p99 {p99:,.1f} ms"
+        self.progress.update(self.task, advance=advance, stats=stats)
+
+
+@app.command()
+def trace(
+    url: Annotated[str, typer.Argument(metavar="URL", help="the server, e.g. http://127.0.0.1:8000")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="trace file to write (.parquet)")],
+    model: Annotated[
+        str | None, typer.Option(help="model to ask for (default: the server's first)")
+    ] = None,
+    endpoint: Annotated[str, typer.Option(help="completions or chat")] = "completions",
+    rate: Annotated[float | None, typer.Option(min=0.001, help="arrivals per second")] = None,
+    arrival: Annotated[str, typer.Option(help="gaps at --rate: poisson or constant")] = "poisson",
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="closed loop: this many requests in flight")
+    ] = None,
+    burst: Annotated[int | None, typer.Option(min=1, help="this many requests at once")] = None,
+    replay: Annotated[
+        Path | None, typer.Option(help="replay a request trace (Mooncake JSONL or CSV)")
+    ] = None,
+    scale_tokens: Annotated[float, typer.Option(min=0.0001, help="replay: scale lengths")] = 1.0,
+    scale_time: Annotated[float, typer.Option(min=0.0, help="replay: scale arrival times")] = 1.0,
+    requests: Annotated[int | None, typer.Option(min=1, help="requests to send")] = None,
+    duration: Annotated[
+        float | None, typer.Option(min=0.001, help="seconds of arrivals (instead of --requests)")
+    ] = None,
+    warmup: Annotated[int, typer.Option(min=0, help="untraced requests first")] = 1,
+    prompt_tokens: Annotated[
+        str, typer.Option(help="prompt length A, or uniform in A:B (tokens)")
+    ] = "128:512",
+    output_tokens: Annotated[int, typer.Option(min=1, help="max_tokens of every request")] = 32,
+    shared_prefix: Annotated[
+        str | None, typer.Option(help="P:S: P shared prefixes, S suffixes each")
+    ] = None,
+    prefix_tokens: Annotated[
+        int | None, typer.Option(min=1, help="length of each shared prefix (tokens)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed for everything random")] = 0,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for the server")
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=0.1, help="longest one request may take (s)")] = 120,
+    receiver_host: Annotated[str, typer.Option(help="OTLP receiver address")] = "127.0.0.1",
+    receiver_port: Annotated[int, typer.Option(min=0, max=65535, help="OTLP/HTTP port")] = 4318,
+    receiver_grpc_port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="also receive OTLP/gRPC on this port")
+    ] = None,
+    span_wait: Annotated[
+        float, typer.Option(min=0, help="seconds to wait for the server's spans at the end")
+    ] = 10.0,
+) -> None:
+    """Send a workload to an OpenAI-compatible server (streaming), trace every request from
+    the client, receive the server's own spans over OTLP, write both into one trace with
+    the run's metadata, and print where the time to first token went.
+
+    Point the server's OTLP exporter at the receiver (for example vLLM:
+    --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces; ttft serve: --otlp-endpoint).
+    A server that exports nothing still gets the client's view: connect, network, TTFT."""
+    from ttft.collectors.live import TraceSpec, trace_server
+
+    spec = TraceSpec(
+        url=url, model=model, endpoint=endpoint, rate=rate, arrival=arrival,
+        concurrency=concurrency, burst=burst, replay=str(replay) if replay else None,
+        scale_tokens=scale_tokens, scale_time=scale_time, requests=requests,
+        duration_s=duration, warmup=warmup,
+        prompt_tokens=_range(prompt_tokens, "--prompt-tokens"), output_tokens=output_tokens,
+        shared_prefix=_range(shared_prefix, "--shared-prefix") if shared_prefix else None,
+        prefix_tokens=prefix_tokens, seed=seed, api_key=api_key, timeout_s=timeout,
+        receiver_host=receiver_host, receiver_port=receiver_port,
+        receiver_grpc_port=receiver_grpc_port, span_wait_s=span_wait,
+    )
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[stats]}"))
+    with Progress(*columns, console=err, transient=False) as bar:
+        display = _Display(bar)
+        try:
+            run = trace_server(spec, out, on_start=display.start, on_sent=display.on_sent,
+                               on_result=display.on_result, on_waiting=display.waiting)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        except ConnectionError as exc:
+            raise fail(str(exc)) from None
+        except OSError as exc:
+            raise fail(f"{exc.strerror or exc} ({exc.filename or 'receiver or output'})") from None
+    lengths = "exact" if run.exact_prompts else "approximate"
+    err.print(
+        f"{len(run.results)} requests ({run.errors} failed) in {run.seconds:.1f} s; prompt "
+        f"lengths {lengths}; {run.server_spans} span rows from the server, "
+        f"{run.joined}/{len(run.results)} requests joined; trace: {run.trace}"
+    )
+    if run.server_spans == 0:
+        err.print(
+            f"[yellow]the server sent no spans to {run.receiver}: the analysis below is the "
+            "client's view only (connect, network and the rest of TTFT)[/yellow]"
+        )
+    _print_analysis(run.trace)
+
+
+def _print_analysis(path: Path) -> None:
+    from ttft.analysis.assemble import assemble
+    from ttft.analysis.attribution import attribute
+    from ttft.analysis.summary import summarize
+    from ttft.collectors.store import read_trace
+    from ttft.reports.terminal import render_analysis
+
+    asm = assemble(read_trace(path))
+    render_analysis(summarize(attribute(asm), asm, trace=str(path)), stdout_console())
+
+
+@app.command()
+def join(
+    client: Annotated[Path, typer.Argument(metavar="CLIENT", help="the client's trace")],
+    others: Annotated[
+        list[Path], typer.Argument(metavar="OTHER...", help="span files written elsewhere")
+    ],
+    out: Annotated[Path, typer.Option("-o", "--out", help="joined trace to write (.parquet)")],
+) -> None:
+    """Join a client trace (from ttft trace) with span files written elsewhere (another
+    receiver, a server's own trace) into one trace: spans join the client's requests by
+    trace id, else by the server's request id (for servers that drop trace context)."""
+    from ttft.collectors.join import join_traces
+    from ttft.collectors.store import TraceFileError
+
+    try:
+        report = join_traces(client, others, out)
+    except TraceFileError as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"{exc.filename or out}: {exc.strerror or exc}") from None
+    err.print(
+        f"wrote {out}: {report.client_rows:,} client rows; from the other files "
+        f"{report.by_trace_id:,} rows joined by trace id, {report.by_request_id:,} by request "
+        f"id, {report.unmatched:,} matched no client request (kept)"
+    )
+    _print_analysis(out)
