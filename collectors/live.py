@@ -50,6 +50,7 @@ class TraceSpec:
         prompt_tokens: prompt lengths drawn uniformly from this range (tokens).
         output_tokens: ``max_tokens`` of every request.
         shared_prefix, prefix_tokens: P prefixes x S suffixes, each prefix this long.
+        shared_fraction: the share of requests that take a shared prefix.
         seed: for everything random.
         api_key: sent as ``Authorization: Bearer``; never written to the trace.
         timeout_s: the longest one request may take.
@@ -76,6 +77,7 @@ class TraceSpec:
     output_tokens: int = 32
     shared_prefix: tuple[int, int] | None = None
     prefix_tokens: int | None = None
+    shared_fraction: float = 1.0
     seed: int = 0
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float = 120.0
@@ -137,7 +139,8 @@ def build_workload(spec: TraceSpec) -> list[WorkItem]:
         offsets = workloads.burst(n)
     return workloads.synthetic(offsets, prompt_tokens=spec.prompt_tokens,
                                max_tokens=spec.output_tokens, shared_prefix=spec.shared_prefix,
-                               prefix_tokens=spec.prefix_tokens, seed=spec.seed)
+                               prefix_tokens=spec.prefix_tokens,
+                               shared_fraction=spec.shared_fraction, seed=spec.seed)
 
 
 def server_models(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -221,7 +224,8 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
                  on_start: Callable[[int, str], None] | None = None,
                  on_sent: Callable[[int], None] | None = None,
                  on_result: Callable[[loadgen.RequestResult], None] | None = None,
-                 on_waiting: Callable[[], None] | None = None) -> TraceRun:
+                 on_waiting: Callable[[], None] | None = None,
+                 after_load: Callable[[], None] | None = None) -> TraceRun:
     """Run ``spec`` against its server and write one trace to ``out``.
 
     Steps: ask ``/v1/models``; start the OTLP receiver(s); build the workload and fit its
@@ -232,6 +236,8 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
         on_start: called with the number of requests and the receiver endpoint.
         on_sent, on_result: passed to :func:`loadgen.run`.
         on_waiting: called when the load is done and the wait for server spans begins.
+        after_load: called when the load is done, before the wait (an in-process server
+            stops and flushes its spans here, so even its longest spans arrive).
 
     Raises:
         ValueError: a bad option. ConnectionError: the server is unreachable or has no such
@@ -275,13 +281,10 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
             timeout_s=spec.timeout_s, writer=writer, on_sent=on_sent, on_result=on_result))
         if on_waiting is not None:
             on_waiting()
-        wanted = {r.trace_id for r in results if r.status_code == 200}
-        deadline = time.monotonic() + spec.span_wait_s
-        while time.monotonic() < deadline:
-            with sink.lock:
-                if wanted <= sink.trace_ids:
-                    break
-            time.sleep(0.05)
+        if after_load is not None:
+            after_load()
+        _wait_for_spans(sink, {r.trace_id for r in results if r.status_code == 200},
+                        spec.span_wait_s)
     finally:
         for receiver in receivers:
             receiver.stop()
@@ -290,6 +293,24 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
         joined = len({r.trace_id for r in results} & sink.trace_ids)
     return TraceRun(Path(out), results, model, exact, sink.rows, joined, endpoint,
                     time.perf_counter() - started)
+
+
+QUIET_S = 1.0
+"""A run's spans are taken as complete once no span arrived for this long."""
+
+
+def _wait_for_spans(sink: _SeenSink, wanted: set[str], limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    last_rows, last_change = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        with sink.lock:
+            complete = wanted <= sink.trace_ids
+            rows = sink.rows
+        if rows != last_rows:
+            last_rows, last_change = rows, time.monotonic()
+        elif complete and time.monotonic() - last_change >= QUIET_S:
+            return
+        time.sleep(0.05)
 
 
 def _start_receivers(spec: TraceSpec, sink: _SeenSink) -> list[Any]:

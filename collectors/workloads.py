@@ -203,13 +203,15 @@ def read_replay(path: str | os.PathLike[str], *, scale_tokens: float = 1.0,
 
 def synthetic(offsets_s: Sequence[float], *, prompt_tokens: tuple[int, int], max_tokens: int,
               shared_prefix: tuple[int, int] | None = None, prefix_tokens: int | None = None,
-              seed: int = 0) -> list[WorkItem]:
+              shared_fraction: float = 1.0, seed: int = 0) -> list[WorkItem]:
     """A workload of text prompts with lengths drawn uniformly from ``prompt_tokens``.
 
     With ``shared_prefix=(P, S)`` there are P prefixes of ``prefix_tokens`` tokens (default:
     half the shortest prompt) and S suffixes for each; request ``i`` uses prompt ``i mod
     (P*S)`` of a seeded shuffle, so each prefix is reused by about ``1/P`` of the requests
-    (prefix-cache hits) while every full prompt repeats only after ``P*S`` requests.
+    (prefix-cache hits) while every full prompt repeats only after ``P*S`` requests. With
+    ``shared_fraction`` below 1, each request takes a shared prefix with that probability
+    and an unshared prompt otherwise (a mix of cold and prefix-hit requests).
 
     Raises:
         ValueError: lengths or counts that are not positive, or a prefix as long as a prompt.
@@ -224,14 +226,23 @@ def synthetic(offsets_s: Sequence[float], *, prompt_tokens: tuple[int, int], max
                 for i, t in enumerate(offsets_s) for n in [rng.randint(lo, hi)]]
     n_prefix, n_suffix = shared_prefix
     k = lo // 2 if prefix_tokens is None else prefix_tokens
+    if not 0.0 <= shared_fraction <= 1.0:
+        raise ValueError(f"shared_fraction must be in [0, 1], got {shared_fraction}")
     if n_prefix < 1 or n_suffix < 1 or not 1 <= k < lo:
         raise ValueError(f"need P >= 1, S >= 1 and 1 <= prefix tokens < {lo} (the shortest "
                          f"prompt), got {n_prefix}:{n_suffix} with {k} prefix tokens")
     combos = [(p, s, rng.randint(lo, hi)) for p in range(n_prefix) for s in range(n_suffix)]
     rng.shuffle(combos)
     items = []
+    shared_count = 0
     for i, t in enumerate(offsets_s):
-        p, s, n = combos[i % len(combos)]
+        if shared_fraction < 1.0 and rng.random() >= shared_fraction:
+            n = rng.randint(lo, hi)
+            items.append(WorkItem(float(t), _text(f"p{seed}-{i}", n), max_tokens,
+                                  target_tokens=n))
+            continue
+        p, s, n = combos[shared_count % len(combos)]
+        shared_count += 1
         prefix = _text(f"prefix{seed}-{p}", k)
         items.append(WorkItem(float(t), f"{prefix} {_text(f'suffix{seed}-{p}-{s}', n - k)}",
                               max_tokens, group=f"prefix-{p}", target_tokens=n,

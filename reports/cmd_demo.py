@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports._app import app, err, fail, progress, stdout_console
+from ttft.reports._app import app, err, fail, stdout_console
 
 
 @app.command()
@@ -23,16 +23,20 @@ def demo(
     """Start the reference server in-process on a free loopback port (CPU), trace a mixed
     Poisson workload from the client and the server into one Parquet trace, and print
     where each request's time to first token went."""
+    from ttft.reports._progress import RunDisplay
     from ttft.reports.demo import run_demo
     from ttft.reports.terminal import render_analysis
 
+    err.print(f"starting the reference server (model {model!r}, CPU) on a loopback port")
     try:
-        with progress(f"serving {model!r} and sending {requests} requests"):
-            result = run_demo(out, requests=requests, model=model, rate_per_s=rate, seed=seed)
+        with RunDisplay(err) as display:
+            result = run_demo(out, requests=requests, model=model, rate_per_s=rate, seed=seed,
+                              callbacks=display.callbacks())
     except OSError as exc:
         raise fail(f"{out}: {exc.strerror or exc}") from None
     render_analysis(result.summary, stdout_console())
     err.print(
-        f"{result.requests} requests ({result.errors} failed) in {result.seconds:.1f} s; "
+        f"{result.requests} requests ({result.errors} failed, {result.joined} joined with "
+        f"the server's spans) in {result.seconds:.1f} s; "
         f"trace: {result.trace} (try: ttft analyze {result.trace} --boundary engine)"
     )

@@ -4,14 +4,13 @@ elsewhere."""
 
 from __future__ import annotations
 
-import bisect
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ttft.reports._app import app, err, fail, stdout_console
+from ttft.reports._progress import RunDisplay
 
 
 def _range(value: str, option: str) -> tuple[int, int]:
@@ -22,42 +21,6 @@ def _range(value: str, option: str) -> tuple[int, int]:
     except ValueError:
         raise fail(f"{option} {value!r}: expected A or A:B (whole numbers)") from None
     return lo, hi
-
-
-class _Display:
-    """The live progress line: sent, completed, errors, running TTFT p50/p99."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.task = progress.add_task("starting", total=None, stats="")
-        self.sent = self.errors = 0
-        self.ttfts: list[float] = []
-
-    def start(self, total: int, receiver: str) -> None:
-        err.print(f"receiving the server's spans on {receiver} (OTLP/HTTP)")
-        self.progress.update(self.task, total=total, description="requests")
-
-    def on_sent(self, index: int) -> None:
-        self.sent += 1
-        self._refresh(advance=0)
-
-    def on_result(self, result) -> None:
-        if result.error:
-            self.errors += 1
-        elif result.ttft_s is not None:
-            bisect.insort(self.ttfts, result.ttft_s * 1000)
-        self._refresh(advance=1)
-
-    def waiting(self) -> None:
-        self.progress.update(self.task, description="waiting for the server's spans")
-
-    def _refresh(self, advance: int) -> None:
-        stats = f"sent {self.sent}  errors {self.errors}"
-        if self.ttfts:
-            n = len(self.ttfts)
-            p50, p99 = self.ttfts[(n - 1) // 2], self.ttfts[min(n - 1, int(0.99 * n))]
-            stats += f"  TTFT p50 {p50:,.1f} ms  p99 {p99:,.1f} ms"
-        self.progress.update(self.task, advance=advance, stats=stats)
 
 
 @app.command()
@@ -94,6 +57,9 @@ def trace(
     prefix_tokens: Annotated[
         int | None, typer.Option(min=1, help="length of each shared prefix (tokens)")
     ] = None,
+    shared_fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="share of requests with a shared prefix")
+    ] = 1.0,
     seed: Annotated[int, typer.Option(help="seed for everything random")] = 0,
     api_key: Annotated[
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for the server")
@@ -124,17 +90,14 @@ def trace(
         duration_s=duration, warmup=warmup,
         prompt_tokens=_range(prompt_tokens, "--prompt-tokens"), output_tokens=output_tokens,
         shared_prefix=_range(shared_prefix, "--shared-prefix") if shared_prefix else None,
-        prefix_tokens=prefix_tokens, seed=seed, api_key=api_key, timeout_s=timeout,
+        prefix_tokens=prefix_tokens, shared_fraction=shared_fraction, seed=seed,
+        api_key=api_key, timeout_s=timeout,
         receiver_host=receiver_host, receiver_port=receiver_port,
         receiver_grpc_port=receiver_grpc_port, span_wait_s=span_wait,
     )
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("{task.fields[stats]}"))
-    with Progress(*columns, console=err, transient=False) as bar:
-        display = _Display(bar)
+    with RunDisplay(err) as display:
         try:
-            run = trace_server(spec, out, on_start=display.start, on_sent=display.on_sent,
-                               on_result=display.on_result, on_waiting=display.waiting)
+            run = trace_server(spec, out, **display.callbacks())
         except ValueError as exc:
             raise fail(str(exc)) from None
         except ConnectionError as exc:

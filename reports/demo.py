@@ -1,18 +1,17 @@
 """``ttft demo``: the whole loop on one machine, in-process.
 
-Starts the reference server on a free loopback port, sends it a mixed Poisson workload
-with the load generator (varied prompt lengths, a few shared prefixes so some requests
-hit the prefix cache), writes the client's and the server's spans into one Parquet trace,
-and returns the analysis of that trace.
+Starts the reference server on a free loopback port with its spans exported over OTLP/HTTP,
+and traces it exactly as ``ttft trace`` traces any server (:func:`trace_server`): a mixed
+Poisson workload (varied prompt lengths; a third of the requests share one of a few
+prefixes, so some hit the prefix cache), the server's spans received by the OTLP receiver,
+client and server spans in one Parquet trace, then the analysis of that trace.
 """
 
 from __future__ import annotations
 
-import asyncio
-import random
-import socket
-import threading
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,10 @@ from typing import Any
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
 from ttft.analysis.summary import summarize
-from ttft.collectors import loadgen, workloads
-from ttft.collectors.otel_exporter import ParquetSpanExporter
-from ttft.collectors.store import TraceWriter, read_trace
-from ttft.tracer import configure
+from ttft.collectors.live import TraceSpec, trace_server
+from ttft.collectors.store import read_trace
+
+__all__ = ["DemoResult", "run_demo"]
 
 
 @dataclass(frozen=True)
@@ -34,26 +33,8 @@ class DemoResult:
     summary: dict[str, Any]
     requests: int
     errors: int
+    joined: int
     seconds: float
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _prompts(n: int, seed: int, words: list[str], max_words: int) -> list[str]:
-    """``n`` prompts of varied length up to ``max_words`` words; every third one starts
-    with one of four shared prefixes (prefix-cache hits)."""
-    rnd = random.Random(seed)
-    prefix_words = max_words * 3 // 10
-    prefixes = [" ".join(rnd.choices(words, k=prefix_words)) for _ in range(4)]
-    out = []
-    for i in range(n):
-        body = " ".join(rnd.choices(words, k=rnd.randint(10, max_words - prefix_words)))
-        out.append(f"{prefixes[i % 4]} {body}" if i % 3 == 0 else body)
-    return out
 
 
 def run_demo(
@@ -64,78 +45,43 @@ def run_demo(
     rate_per_s: float = 6.0,
     max_tokens: int = 16,
     seed: int = 0,
+    callbacks: dict[str, Callable[..., None]] | None = None,
 ) -> DemoResult:
     """Serve ``model`` on CPU in-process, trace ``requests`` Poisson arrivals, analyze.
 
-    Raises:
-        OSError: ``out_dir`` cannot be written.
-    """
-    import uvicorn
+    Args:
+        callbacks: progress hooks passed to :func:`trace_server`.
 
-    from ttft.engine.server import build_engine, create_app
-    from ttft.engine.tokenizer import corpus_text
+    Raises:
+        OSError: ``out_dir`` cannot be written, or no loopback port could be bound.
+    """
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from ttft.engine.inprocess import free_port, serving
+    from ttft.engine.server import build_engine
+    from ttft.tracer import configure
 
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     trace = out_dir / "demo.parquet"
     engine = build_engine(model, device="cpu", seed=seed)
-    writer = TraceWriter(
-        trace,
-        metadata={
-            "workload": {
-                "command": "ttft demo",
-                "requests": requests,
-                "rate_per_s": rate_per_s,
-                "max_tokens": max_tokens,
-                "seed": seed,
-                "arrivals": "poisson",
-            },
-            **engine.run_metadata(),
-        },
-    )
-    tracing = configure("ttft-demo-server", [ParquetSpanExporter(writer)])
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(engine, model_name=model),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            lifespan="on",
+    context = engine.model.config.max_seq_len
+    longest = max(24, min(400, (context - max_tokens) * 3 // 4))
+    receiver_port = free_port()
+    exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver_port}/v1/traces")
+    tracing = configure("ttft-demo-server", [exporter])
+    with ExitStack() as server:
+        server.callback(tracing.shutdown)  # last: flushes what the stopped server recorded
+        url = server.enter_context(serving(engine, model_name=model))
+        spec = TraceSpec(
+            url=url, model=model, rate=rate_per_s, requests=requests,
+            prompt_tokens=(16, longest), output_tokens=max_tokens,
+            shared_prefix=(4, 50), prefix_tokens=12, shared_fraction=1 / 3, seed=seed,
+            receiver_port=receiver_port, span_wait_s=30.0,
         )
-    )
-    thread = threading.Thread(target=server.run, name="ttft-demo-server", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the demo server did not start")
-            time.sleep(0.05)
-        words = corpus_text().split()
-        # about 1.3 tokens a word: keep prompt + output well inside the context
-        max_words = min(300, (engine.model.config.max_seq_len - max_tokens) // 2)
-        work = workloads.workload(
-            workloads.poisson(rate_per_s, requests, seed),
-            _prompts(requests, seed, words, max_words),
-            max_tokens,
-        )
-        results = asyncio.run(
-            loadgen.run(
-                f"http://127.0.0.1:{port}",
-                work,
-                model=model,
-                warmup=1,
-                writer=writer,
-                timeout_s=120,
-            )
-        )
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        tracing.shutdown()  # flushes the server's spans and closes the writer
-    table = read_trace(trace)
-    asm = assemble(table)
+        # the server stops and flushes while the receiver still listens
+        run = trace_server(spec, trace, after_load=server.close, **(callbacks or {}))
+    asm = assemble(read_trace(trace))
     summary = summarize(attribute(asm), asm, trace=str(trace))
-    errors = sum(1 for r in results if r.error)
-    return DemoResult(trace, summary, len(results), errors, time.perf_counter() - started)
+    return DemoResult(trace, summary, len(run.results), run.errors, run.joined,
+                      time.perf_counter() - started)

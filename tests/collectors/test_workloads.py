@@ -113,6 +113,10 @@ def test_synthetic_prompts_have_the_asked_lengths_and_share_prefixes():
         heads = {it.prompt[: it.shared_chars] for it in members}
         assert len(heads) == 1 and len(heads.pop().split()) == 12
         assert len({it.prompt for it in members}) == 4
+    mixed = synthetic(constant(10.0, 400), prompt_tokens=(30, 30), max_tokens=8,
+                      shared_prefix=(3, 4), shared_fraction=0.25, seed=3)
+    assert sum(it.group is not None for it in mixed) == pytest.approx(100, abs=30)
+    assert all(it.shared_chars == 0 for it in mixed if it.group is None)
     with pytest.raises(ValueError, match="prefix tokens"):
         synthetic(offsets, prompt_tokens=(10, 20), max_tokens=1, shared_prefix=(2, 2),
                   prefix_tokens=10)
