@@ -4,7 +4,9 @@ Pure function over an Arrow table (no I/O). The rules are in docs/attribution.md
 ("Requests", "Windows", "The tree"): traces become requests (traces sharing a
 ``request_id`` are one request), engine ``gpu`` spans are copied into the requests whose
 ``prefill.chunk`` spans carry the same ``(service, step_id)``, parents are resolved
-inside each request, and the TTFT windows of all three boundaries are computed.
+inside each request, and the TTFT windows of all three boundaries are computed. Before any
+window is built, server clocks are moved onto the client clock by the offsets of
+``analysis.clocks`` (0 for one host), reported in ``quality.clocks``.
 Everything is vectorized over requests (see ``_buckets``).
 """
 
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.analysis import _columns as col
+from ttft.analysis import clocks
 from ttft.analysis._trees import CODE, MAX_NS, NONE_NS, Spans, resolve_trees
 from ttft.analysis.quality import Quality
 from ttft.tracer.schema import (
@@ -120,6 +123,23 @@ def assemble(table: pa.Table) -> Assembly:
     first_trace = np.full(n_req, n_traces, np.int64)
     np.minimum.at(first_trace, inv, req_traces)
     row_req = np.where(valid, req_of_trace[np.maximum(trace, 0)], -1)
+
+    # Server clocks onto the client clock, before any time is compared across them.
+    clock_kind = clocks.row_kinds(
+        is_client, stage == CODE["client"], stage == CODE["server"], ev_rows, ev_name, ev_values
+    )
+    quality.clocks = clocks.estimate(
+        row_req, n_req, clock_kind, start, end, clock_raw, clock_values
+    )
+    shift = clocks.row_shift(
+        clock_raw,
+        clock_values,
+        quality.clocks,
+        lambda: trace,
+        lambda: col.codes(table.column("service"))[0],
+    )
+    if shift is not None:
+        start, end = start + shift, end + shift
 
     sid_hi, sid_lo, has_sid = col.id_values(table.column("span_id"))
     psid_hi, psid_lo, has_psid = col.id_values(table.column("parent_id"))

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ttft.analysis.clocks import ClockOffset
+
 DEFECTS: tuple[str, ...] = (
     "missing_field",
     "end_before_start",
@@ -31,7 +33,7 @@ MEANING: dict[str, str] = {
     "orphan_parent": "span whose parent_id is not in its request (attached to the root)",
     "duplicate_span_id": "span id seen twice in one request (later copies dropped)",
     "outside_window": "request-level span wholly outside its request's client/server span",
-    "clock_shift": "server span starts before its client span (clocks disagree)",
+    "clock_shift": "server span starts before its client span, after clock alignment",
 }
 
 EXAMPLES_KEPT = 3
@@ -39,10 +41,12 @@ EXAMPLES_KEPT = 3
 
 @dataclass
 class Quality:
-    """Counts and a few example ids (trace ids or span ids) per defect."""
+    """Counts and a few example ids (trace ids or span ids) per defect, and the clock
+    offsets of the trace (one per client/server clock pair)."""
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DEFECTS, 0))
     examples: dict[str, list[str]] = field(default_factory=lambda: {d: [] for d in DEFECTS})
+    clocks: list[ClockOffset] = field(default_factory=list)
 
     def add(self, defect: str, count: int, examples: Iterable[str] = ()) -> None:
         """Count ``count`` occurrences of ``defect`` and keep the first few examples."""
@@ -58,11 +62,12 @@ class Quality:
             kept.append(str(example))
 
     def merged(self, other: Quality) -> Quality:
-        """A new Quality with both sets of counts."""
+        """A new Quality with both sets of counts (and both clock lists, without repeats)."""
         out = Quality()
         for source in (self, other):
             for defect in DEFECTS:
                 out.add(defect, source.counts[defect], source.examples[defect])
+            out.clocks.extend(c for c in source.clocks if c not in out.clocks)
         return out
 
     @property

@@ -96,15 +96,20 @@ def inter_token(asm: Assembly) -> dict[str, float] | None:
 
 def tail_mix(attr: Attribution) -> pd.DataFrame:
     """Mean attributed ms per stage for the tail (TTFT at or above its p99) against the
-    middle (TTFT between its p40 and p60): columns ``tail_mean``, ``median_mean``."""
+    middle (TTFT between its p40 and p60; when no request lies there, as with a few
+    requests, the ones nearest the median): columns ``tail_mean``, ``median_mean``."""
     ttft = attr.requests["ttft_ns"].to_numpy()
     if len(ttft) == 0:
         return pd.DataFrame(columns=["tail_mean", "median_mean"], dtype=float)
-    p40, p60, p99 = np.percentile(ttft, [40, 60, 99])
+    p40, p50, p60, p99 = np.percentile(ttft, [40, 50, 60, 99])
     att = attr.attributed.to_numpy() / _NS_PER_MS
     used = (attr.attributed.to_numpy() > 0).any(axis=0)
     tail = att[ttft >= p99][:, used].mean(axis=0)
-    middle = att[(ttft >= p40) & (ttft <= p60)][:, used].mean(axis=0)
+    band = (ttft >= p40) & (ttft <= p60)
+    if not band.any():
+        distance = np.abs(ttft - p50)
+        band = distance == distance.min()
+    middle = att[band][:, used].mean(axis=0)
     names = np.asarray(attr.attributed.columns)[used]
     return pd.DataFrame({"tail_mean": tail, "median_mean": middle}, index=names)
 
@@ -116,7 +121,8 @@ def _stages_dict(table: pd.DataFrame) -> dict[str, dict[str, float]]:
 def summarize(
     attr: Attribution, asm: Assembly, *, trace: str = "", schema_version: int = SCHEMA_VERSION
 ) -> dict[str, Any]:
-    """Everything ``ttft analyze --json`` prints, in its exact shape (times in ms).
+    """Everything ``ttft analyze --json`` prints, in its exact shape (times in ms); the
+    last key, ``clocks``, only when a clock pair disagrees (see `clock_list`).
 
     Args:
         attr: the attribution to summarize.
@@ -136,7 +142,7 @@ def summarize(
                 "stages": _stages_dict(stage_table(attr, mask)),
             }
     empty = {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
-    return {
+    out = {
         "trace": trace,
         "schema_version": schema_version,
         "boundary": attr.boundary,
@@ -149,3 +155,31 @@ def summarize(
         "tail": _stages_dict(tail_mix(attr)),
         "quality": dict(attr.quality.counts),
     }
+    clocks = clock_list(attr)
+    if any(c["applied"] or c["violations_after"] for c in clocks):
+        out["clocks"] = clocks
+    return out
+
+
+def clock_list(attr: Attribution) -> list[dict[str, Any]]:
+    """The clock offsets of the trace (``analysis.clocks``), one dict per client/server
+    clock pair: ``offset_ms`` was applied to the server clock, ``estimate_ms`` is the
+    median per-request estimate whether applied or not, ``violations_*`` count requests
+    whose server interval lies outside the client's at offset 0 and at the offset.
+
+    ``summarize`` includes this list (key ``clocks``, after ``quality``) only when a pair's
+    clocks disagree: an offset was applied or requests still lie outside."""
+    return [
+        {
+            "client_clock": c.client_clock,
+            "server_clock": c.server_clock,
+            "applied": c.applied,
+            "offset_ms": c.offset_ns / _NS_PER_MS,
+            "estimate_ms": c.estimate_ns / _NS_PER_MS,
+            "spread_ms": c.spread_ns / _NS_PER_MS,
+            "requests": c.requests,
+            "violations_before": c.violations_before,
+            "violations_after": c.violations_after,
+        }
+        for c in attr.quality.clocks
+    ]

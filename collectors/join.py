@@ -120,12 +120,13 @@ def join_traces(client: str | os.PathLike[str], others: list[str | os.PathLike[s
     moved = np.asarray([t in moves for t in trace_ids], dtype=bool)
     if moves:
         new_ids = pa.array([moves.get(t, t) for t in trace_ids], pa.string())
-        other = other.set_column(other.schema.get_field_index("trace_id"), "trace_id", new_ids)
+        other = other.set_column(other.schema.get_field_index("trace_id"), "trace_id",
+                                 new_ids).cast(SPAN_SCHEMA)
     metadata = {**metadata, "joined": {
         "client": str(client), "others": [str(p) for p in others],
         "by_trace_id": int(joined.sum()), "by_request_id": int(moved.sum()),
         "unmatched": int(len(trace_ids) - joined.sum() - moved.sum())}}
     metadata.pop("schema_version", None)
-    write_trace(out, pa.concat_tables([base, other]), metadata)
+    write_trace(out, pa.concat_tables([base.cast(SPAN_SCHEMA), other]), metadata)
     return JoinReport(base.num_rows, int(joined.sum()), int(moved.sum()),
                       int(len(trace_ids) - joined.sum() - moved.sum()))

@@ -2,22 +2,27 @@
 the client's view of every request as span rows (DESIGN.md, stages ``client`` and
 ``connect``, the client events, the ``client`` TTFT window).
 
-It speaks plain HTTP (one pooled keep-alive ``httpx.AsyncClient``) and never imports the
-reference engine, so it traces any server. Arrival offsets are computed up front from one
-start time, so a slow request never delays the schedule of the next.
+It speaks plain HTTP/1.1 through its own small keep-alive client (``_sender``: each request
+is one write of bytes encoded before it is due, and response bytes are timestamped as the
+event loop delivers them) and never imports the reference engine, so it traces any server.
+One sender sends the requests in arrival order, each at one start time + its arrival
+offset, so a slow request never delays the schedule of the next;
+benchmarks/client_accuracy.py measures how closely.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import pyarrow as pa
 
+from ttft.collectors._sender import Connection, Origin, Pool, StaleConnection, wait_until
 from ttft.collectors._spans import to_span_table
 from ttft.collectors.workloads import WorkItem, Workload
 from ttft.tracer.api import clock_ns
@@ -72,13 +77,13 @@ class RequestResult:
 
 
 class _Probe:
-    """Collects connection and send times from httpcore's ``trace`` extension."""
+    """Collects the timing of a connect the request waited for (``started``, ``connected``)."""
 
     def __init__(self) -> None:
         self.ns: dict[str, int] = {}
 
-    async def __call__(self, name: str, info: dict[str, Any]) -> None:
-        self.ns.setdefault(name, clock_ns())
+    def __call__(self, name: str, ns: int) -> None:
+        self.ns.setdefault(name, ns)
 
 
 def _sse_events(buffer: bytearray) -> list[str]:
@@ -101,7 +106,8 @@ def _sse_events(buffer: bytearray) -> list[str]:
 
 
 class _Request:
-    """One request's state while it runs; ``finish`` turns it into a result with rows."""
+    """One request's state while it runs: the sink its connection reports the response to
+    (``_sender.Sink``); ``finish`` turns it into a result with rows."""
 
     def __init__(self, index: int, scheduled_ns: int, item: WorkItem | None = None) -> None:
         self.item = item
@@ -111,11 +117,61 @@ class _Request:
         self.events: list[tuple[str, int]] = [("scheduled", scheduled_ns)]
         self.probe = _Probe()
         self.start_ns = 0
+        self.sent_ns: int | None = None
         self.content_chunks = 0
         self.completion_tokens: int | None = None
+        self.conn: Connection | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.tls = False
+        self.buffer = bytearray()
+        self.got_body = self.got_event = self.got_done = False
 
     def event(self, name: str, ns: int | None = None) -> None:
         self.events.append((name, clock_ns() if ns is None else ns))
+
+    def send_on(self, conn: Connection, wire: bytes) -> None:
+        """Write the encoded request on ``conn``; ``done`` resolves when the response ends."""
+        self.conn, self.done = conn, asyncio.get_running_loop().create_future()
+        conn.send(wire, self)
+
+    def on_sent(self, ns: int) -> None:
+        self.sent_ns = ns
+
+    def on_headers(self, status: int, headers: dict[str, str], ns: int) -> None:
+        self.event("headers", ns)
+        self.result.status_code = status
+
+    def on_body(self, data: bytes, ns: int) -> None:
+        if not self.got_body:
+            self.got_body = True
+            self.event("first_chunk", ns)
+        self.buffer.extend(data)
+        if self.result.status_code != 200:
+            return
+        for event in _sse_events(self.buffer):
+            if not self.got_event:
+                self.got_event = True
+                self.event("first_event", ns)
+            if event.strip() == "[DONE]":
+                self.got_done = True
+                continue
+            try:
+                self.on_payload(json.loads(event), ns)
+            except ValueError:
+                self.result.error = f"bad SSE data: {event[:200]!r}"
+
+    def on_end(self, ns: int) -> None:
+        if self.result.status_code != 200:
+            text = self.buffer.decode("utf-8", "replace")
+            self.result.error = f"HTTP {self.result.status_code}: {text[:300]}"
+        elif not self.got_done and self.result.error is None:
+            self.result.error = "stream ended without [DONE]"
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def on_error(self, exc: BaseException) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(exc)
 
     def on_payload(self, payload: Any, now_ns: int) -> None:
         if not isinstance(payload, dict):
@@ -173,60 +229,45 @@ class _Request:
 
         r.rows = [row("client", "client", self.start_ns, end_ns, parent, None, attrs)]
         p = self.probe.ns
-        if "connection.connect_tcp.started" in p:
-            connect_end = max(p.get(k, 0) for k in ("connection.connect_tcp.complete",
-                                                    "connection.start_tls.complete"))
-            start = p["connection.connect_tcp.started"]
-            r.rows.append(row("connect", "connect", start, max(start, connect_end),
-                              f"{new_span_id():016x}", parent, {"tls": "connection.start_tls"
-                                                                 ".complete" in p}))
+        if "started" in p:
+            start = p["started"]
+            r.rows.append(row("connect", "connect", start, max(start, p.get("connected", end_ns)),
+                              f"{new_span_id():016x}", parent, {"tls": self.tls}))
+        if self.sent_ns is not None:
+            self.events.append(("sent", self.sent_ns))
         for name, ns in sorted(self.events, key=lambda e: e[1]):
             r.rows.append(row(name, "event", ns, ns, f"{new_span_id():016x}", parent))
         return r
 
 
-async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                headers: dict[str, str], req: _Request, timeout_s: float) -> None:
-    """Send one streaming request and read it to the end; failures land in ``req.result``."""
-    req.start_ns = clock_ns()
-    headers = {**headers, "traceparent": format_traceparent(int(req.trace_id, 16), req.span_id)}
-    request = client.build_request("POST", url, json=body, headers=headers, timeout=timeout_s,
-                                   extensions={"trace": req.probe})
-    response = await client.send(request, stream=True)
+async def _send(pool: Pool, req: _Request, wire: bytes, timeout_s: float) -> RequestResult:
+    """Read one request's response to its end, sending it first unless ``req.conn`` already
+    carries it; failures land in ``req.result``. A reused connection the server had closed
+    is replaced once."""
+
+    async def exchange() -> None:
+        for retry in (False, True):
+            if req.conn is None:
+                req.send_on(await pool.connect(req.probe), wire)
+            assert req.done is not None
+            try:
+                return await req.done
+            except StaleConnection:
+                if retry:
+                    raise
+                pool.release(req.conn)
+                req.conn = None
+
     try:
-        p = req.probe.ns
-        req.event("sent", p.get("http11.send_request_body.complete",
-                                p.get("http2.send_request_body.complete")))
-        req.event("headers", p.get("http11.receive_response_headers.complete",
-                                   p.get("http2.receive_response_headers.complete")))
-        req.result.status_code = response.status_code
-        if response.status_code != 200:
-            text = (await response.aread()).decode("utf-8", "replace")
-            req.result.error = f"HTTP {response.status_code}: {text[:300]}"
-            return
-        buffer = bytearray()
-        done = False
-        async for data in response.aiter_bytes():
-            now_ns = clock_ns()
-            if not data:
-                continue
-            if not any(name == "first_chunk" for name, _ in req.events):
-                req.event("first_chunk", now_ns)
-            buffer.extend(data)
-            for event in _sse_events(buffer):
-                if not any(name == "first_event" for name, _ in req.events):
-                    req.event("first_event", now_ns)
-                if event.strip() == "[DONE]":
-                    done = True
-                    continue
-                try:
-                    req.on_payload(json.loads(event), now_ns)
-                except ValueError:
-                    req.result.error = f"bad SSE data: {event[:200]!r}"
-        if not done and req.result.error is None:
-            req.result.error = "stream ended without [DONE]"
-    finally:
-        await response.aclose()
+        await asyncio.wait_for(exchange(), timeout_s)
+    except asyncio.TimeoutError:
+        req.result.error = f"timed out after {timeout_s} s"
+    except (OSError, ValueError) as exc:
+        req.result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if req.conn is not None:
+        pool.release(req.conn)  # closed unless its response ended cleanly
+    req.tls = pool.origin.ssl is not None
+    return req.finish(clock_ns())
 
 
 async def run(base_url: str, workload: Workload, *, chat: bool = False, model: str | None = None,
@@ -236,11 +277,14 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
               on_result: Callable[[RequestResult], None] | None = None) -> list[RequestResult]:
     """Send ``workload`` to an OpenAI-compatible server, streaming, and trace each request.
 
-    Each request is due at run start + its ``arrival_s`` (the ``scheduled`` event); with
-    ``concurrency`` it then waits for a slot, and the ``client`` span starts only when it is
-    handed to the HTTP client. Every request gets a fresh trace (``traceparent`` carries the
-    client span's id) and a total ``timeout_s``. Failures (HTTP errors, disconnects,
-    timeouts) are recorded in ``error``, never raised.
+    Each request is due at run start (2 ms after the warm-up) + its ``arrival_s``: the
+    ``scheduled`` event is that due time. One sender sends them in arrival order, each from
+    bytes encoded before it is due, on a keep-alive connection opened ahead of time when one
+    is free (a ``connect`` span marks a wait for a new one). With ``concurrency`` a due
+    request then waits for a slot, and the ``client`` span starts only when it is handed to
+    the HTTP client. Every request gets a fresh trace (``traceparent`` carries the client
+    span's id) and a total ``timeout_s``. Failures (HTTP errors, disconnects, timeouts) are
+    recorded in ``error``, never raised. Plain HTTP/1.1 (``_sender``): no proxies.
 
     Args:
         base_url: the server, e.g. ``http://127.0.0.1:8000`` (``/v1/...`` is appended).
@@ -248,7 +292,8 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
         chat: use ``/v1/chat/completions`` (one user message) instead of ``/v1/completions``.
         model: the ``model`` field; omitted when None.
         concurrency: the most requests in flight; None for no limit.
-        warmup: this many short untraced requests are sent first, one at a time.
+        warmup: this many short untraced requests are sent first, one at a time; then
+            spare connections are opened before the schedule starts.
         api_key: sent as ``Authorization: Bearer``.
         timeout_s: the longest one request may take, end to end.
         writer: a ``TraceWriter``; the rows of every request are appended to it.
@@ -257,63 +302,104 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
 
     Returns:
         One result per workload item, in workload order.
+
+    Raises:
+        ValueError: ``concurrency`` below 1, or ``base_url`` not an http(s) URL.
     """
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    origin = Origin(base_url)
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    url = base_url.rstrip("/") + path
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = [("content-type", "application/json"), ("accept", "text/event-stream")]
+    if api_key:
+        headers.append(("authorization", f"Bearer {api_key}"))
     limit = concurrency or max(1, len(workload))
-    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    pool = Pool(origin, limit)
+    loop = asyncio.get_running_loop()
 
-    def body(item: WorkItem) -> dict[str, Any]:
-        out: dict[str, Any] = {"max_tokens": item.max_tokens, "stream": True,
-                               "stream_options": {"include_usage": True}}
+    def encode(item: WorkItem, req: _Request) -> bytes:
+        body: dict[str, Any] = {"max_tokens": item.max_tokens, "stream": True,
+                                "stream_options": {"include_usage": True}}
         if model is not None:
-            out["model"] = model
+            body["model"] = model
         if chat:
             content = item.prompt if isinstance(item.prompt, str) else " ".join(
                 map(str, item.prompt))
-            out["messages"] = [{"role": "user", "content": content}]
+            body["messages"] = [{"role": "user", "content": content}]
         else:
-            out["prompt"] = item.prompt
-        return out
+            body["prompt"] = item.prompt
+        # warm-up requests (index -1) say "not sampled": servers record nothing of them
+        traceparent = format_traceparent(int(req.trace_id, 16), req.span_id,
+                                         req.result.index >= 0)
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        return origin.request("POST", path, [*headers, ("traceparent", traceparent)], data)
 
-    async def attempt(item: WorkItem, req: _Request) -> RequestResult:
-        try:
-            await asyncio.wait_for(_send(client, url, body(item), headers, req, timeout_s),
-                                   timeout_s)
-        except asyncio.TimeoutError:
-            req.result.error = f"timed out after {timeout_s} s"
-        except (httpx.HTTPError, httpx.StreamError, OSError, ValueError) as exc:
-            req.result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if not req.start_ns:
-            req.start_ns = clock_ns()
-        return req.finish(clock_ns())
+    results: list[RequestResult | None] = [None] * len(workload)
+    tasks: list[asyncio.Task[None]] = []
+    waiting: deque[tuple[_Request, bytes]] = deque()
+    in_flight = 0
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
+    def launch(req: _Request, wire: bytes) -> None:
+        """Hand a due request to the client: write it now if a connection is idle."""
+        nonlocal in_flight
+        in_flight += 1
+        req.start_ns = clock_ns()
+        conn = pool.take()
+        if conn is not None:
+            req.send_on(conn, wire)
+        if on_sent is not None:
+            on_sent(req.result.index)
+        tasks.append(loop.create_task(complete(req, wire)))
+        pool.prepare()  # the next request should find a connection ready
+
+    async def complete(req: _Request, wire: bytes) -> None:
+        nonlocal in_flight
+        result = await _send(pool, req, wire, timeout_s)
+        results[result.index] = result
+        in_flight -= 1
+        while waiting and in_flight < limit:
+            launch(*waiting.popleft())
+        if on_result is not None:
+            on_result(result)
+
+    freeze = gc.get_freeze_count() == 0
+    if freeze:  # collect now, not mid-run; later full collections skip what exists now
+        gc.collect()
+        gc.freeze()
+    try:
         for i in range(warmup):
             item = WorkItem(0.0, f"Warm-up request {i}.", 1)
-            await attempt(item, _Request(-1, clock_ns()))
-        slots = asyncio.Semaphore(limit)
-        loop = asyncio.get_running_loop()
-        start_s = loop.time()
-
-        async def one(index: int, item: WorkItem) -> RequestResult:
-            await asyncio.sleep(max(0.0, start_s + item.arrival_s - loop.time()))
-            req = _Request(index, clock_ns(), item)
-            async with slots:
-                if on_sent is not None:
-                    on_sent(index)
-                result = await attempt(item, req)
-            if on_result is not None:
-                on_result(result)
-            return result
-
-        results = await asyncio.gather(*(one(i, item) for i, item in enumerate(workload)))
-    if writer is not None and results:
-        writer.append(results_table(results))
-    return list(results)
+            req = _Request(-1, clock_ns(), item)
+            wire = encode(item, req)
+            req.start_ns = clock_ns()
+            await _send(pool, req, wire, timeout_s)
+        if warmup:  # ... and opens the spare connections the first requests will use
+            pool.prepare()
+            await pool.ready(timeout_s)
+        start_ns = clock_ns() + 2_000_000
+        for index in sorted(range(len(workload)), key=lambda i: workload[i].arrival_s):
+            item = workload[index]
+            req = _Request(index, start_ns + round(item.arrival_s * 1e9), item)
+            wire = encode(item, req)
+            await wait_until(req.events[0][1])
+            if in_flight < limit:
+                launch(req, wire)
+            else:
+                waiting.append((req, wire))
+        launched = 0
+        while launched < len(tasks):  # requests that waited for a slot launch meanwhile
+            launched = len(tasks)
+            await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await pool.close()
+        if freeze:
+            gc.unfreeze()
+    done = [r for r in results if r is not None]
+    if writer is not None and done:
+        writer.append(results_table(done))
+    return done
 
 
 def results_table(results: Sequence[RequestResult]) -> pa.Table:

@@ -13,12 +13,10 @@ import json
 import logging
 import threading
 import zlib
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-import pyarrow as pa
 from google.protobuf import json_format
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -27,6 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from ttft.collectors._otlp_common import Sink, as_sink, bearer_ok, export_response
 from ttft.collectors._spans import ttft_fields
 from ttft.collectors.store import TraceWriter, to_span_table
 from ttft.tracer.schema import ATTR_CLOCK
@@ -43,7 +42,7 @@ _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
 _STATUS_NAMES = {1: "OK", 2: "ERROR"}  # OTLP Status.StatusCode, as the SDK's StatusCode names
-_GRPC_CODES = {400: 3, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
+_GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
 
 
 class _Reject(Exception):
@@ -230,7 +229,8 @@ class OTLPReceiver:
     in the request's encoding (with ``partial_success`` when some spans were invalid), 400 for
     a body that does not parse, 404 for another path, 405 for another method, 411 without a
     Content-Length, 413 for a body over ``max_body_bytes``, 415 for another content type or
-    encoding, 500 when the sink raises, 503 once stopped. Error bodies are a
+    encoding, 500 when the sink raises, 503 once stopped; with a ``token``, 401 first for a
+    request without ``Authorization: Bearer <token>``. Error bodies are a
     ``google.rpc.Status`` (protobuf for protobuf requests, else JSON) naming the fault.
 
     Threading: each connection is served on its own daemon thread, so the sink is called
@@ -239,24 +239,26 @@ class OTLPReceiver:
     The sink is the caller's: :meth:`stop` does not close it.
 
     Attributes:
+        requests: requests answered, whatever the status.
         spans_received: spans accepted and handed to the sink.
         spans_rejected: invalid spans dropped from otherwise good requests.
         rejected: requests answered with an error status.
     """
 
-    def __init__(self, sink: TraceWriter | Callable[[pa.Table], None], *,
-                 host: str = "127.0.0.1", port: int = 4318,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, sink: TraceWriter | Sink, *, host: str = "127.0.0.1", port: int = 4318,
+                 max_body_bytes: int = MAX_BODY_BYTES, token: str | None = None) -> None:
         """Create a stopped receiver; ``port=0`` lets :meth:`start` pick a free port."""
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
-        self._sink = sink.append if isinstance(sink, TraceWriter) else sink
+        self._token = token
+        self._sink = as_sink(sink)
         self._lock = threading.Condition()  # guards counters, _inflight and _stopped
         self._inflight = 0
         self._stopped = False
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self.requests = 0
         self.spans_received = 0
         self.spans_rejected = 0
         self.rejected = 0
@@ -310,6 +312,7 @@ class OTLPReceiver:
         with self._lock:
             stopped = self._stopped
             self._inflight += not stopped
+            self.requests += 1
         try:
             if stopped:
                 raise _Reject(503, "receiver is stopped")
@@ -328,12 +331,14 @@ class OTLPReceiver:
             with self._lock:
                 self.rejected += 1
             error = Status(code=_GRPC_CODES.get(status, 2), message=message)
+            challenge = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
             try:
                 if content_type == _PROTOBUF:
-                    self._reply(handler, status, error.SerializeToString(), _PROTOBUF, close=True)
+                    self._reply(handler, status, error.SerializeToString(), _PROTOBUF, close=True,
+                                headers=challenge)
                 else:
                     body = json.dumps(json_format.MessageToDict(error)).encode()
-                    self._reply(handler, status, body, _JSON, close=True)
+                    self._reply(handler, status, body, _JSON, close=True, headers=challenge)
             except OSError:
                 handler.close_connection = True  # the client went away
         finally:
@@ -343,6 +348,9 @@ class OTLPReceiver:
                     self._lock.notify_all()
 
     def _export(self, handler: _Handler, content_type: str) -> ExportTraceServiceResponse:
+        if self._token is not None and not bearer_ok(handler.headers.get("Authorization"),
+                                                      self._token):
+            raise _Reject(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
         path = urlsplit(handler.path).path
         if path != TRACES_PATH:
             raise _Reject(404, f"no such path {path!r}; export traces to {TRACES_PATH}")
@@ -371,12 +379,7 @@ class OTLPReceiver:
         rows, errors = request_to_rows(request)
         if rows:
             self._sink(to_span_table(rows))
-        spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
-        spans -= len(errors)
-        response = ExportTraceServiceResponse()
-        if errors:
-            response.partial_success.rejected_spans = len(errors)
-            response.partial_success.error_message = "; ".join(errors[:10])
+        response, spans = export_response(request, errors)
         with self._lock:
             self.spans_received += spans
             self.spans_rejected += len(errors)
@@ -384,10 +387,12 @@ class OTLPReceiver:
 
     @staticmethod
     def _reply(handler: _Handler, status: int, body: bytes, content_type: str,
-               close: bool = False) -> None:
+               close: bool = False, headers: dict[str, str] | None = None) -> None:
         handler.send_response(status)
         handler.send_header("Content-Type", content_type)
         handler.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            handler.send_header(name, value)
         if close:
             handler.send_header("Connection", "close")
             handler.close_connection = True

@@ -97,3 +97,16 @@ def render_analysis(summary: dict[str, Any], console: Console) -> None:
             console.print(f"[yellow]data quality:[/yellow] {count:,} {defect}: {MEANING[defect]}")
     else:
         console.print("[green]data quality: no defects found[/green]")
+    for c in summary.get("clocks", []):  # present only when a clock pair disagrees
+        pair = f"{c['server_clock']} → {c['client_clock']}"
+        how = (
+            f"estimate {c['estimate_ms']:+,.3f} ms, spread {c['spread_ms']:,.3f} ms, "
+            f"{c['requests']:,} requests; server interval outside the client's: "
+            f"{c['violations_before']:,} → {c['violations_after']:,}"
+        )
+        if c["applied"]:
+            console.print(
+                f"[yellow]clocks:[/yellow] {pair} offset {c['offset_ms']:+,.3f} ms ({how})"
+            )
+        else:
+            console.print(f"[yellow]clocks:[/yellow] {pair} not adjusted ({how})")

@@ -78,7 +78,8 @@ def test_poisson_workload_is_traced_and_joins_the_servers_trace(url, tmp_path):
         work = workload(poisson(20.0, 6, seed=1), PROMPTS, max_tokens=4)
         results = asyncio.run(run(url, work, model=MODEL, warmup=1, writer=writer))
         deadline = time.monotonic() + TIMEOUT_S
-        while sum(s.name == "server" for s in exporter.spans) < 7:
+        # the warm-up went out "not sampled": the server traced only the six
+        while sum(s.name == "server" for s in exporter.spans) < 6:
             assert time.monotonic() < deadline, "server spans did not arrive"
             tracing.flush(5.0)
             time.sleep(0.02)

@@ -1,0 +1,351 @@
+"""Client/server clock offsets by the midpoint rule, and moving server spans onto the client clock.
+
+DESIGN.md ("Clocks"): one offset per (client clock, server clock) pair, estimated over all
+requests with the midpoint rule of Jaeger's clock-skew adjuster, applied to every span of
+that server clock and reported. The rule, exactly (docs/attribution.md, "Clocks"):
+
+- Client side: rows whose ``clock`` is ``client``; the server clock of a request is the
+  ``clock`` of its earliest-starting ``server`` span. Requests are grouped as in
+  ``assemble`` (traces sharing a ``request_id`` are one request).
+- Per request, the client interval ``[c0, c1]`` and the server interval ``[s0, s1]`` that
+  it must contain: ``c0`` is the client's ``sent`` event (else the ``client`` span's start)
+  and ``s0`` the ``server`` span's start; ``[c1, s1]`` is ``[first_token, first_byte]``
+  when the request has both events (each marks the first body chunk carrying a token, one
+  received, one handed over), else ``[client end, server end]`` (the last byte). The
+  client's ``first_chunk`` is not used: for a chat stream it is the role-only chunk the
+  server writes before ``first_byte``.
+- The server interval fits at offset ``o`` when ``c0 <= s0 + o`` and ``s1 + o <= c1``; the
+  request's estimate is the ``o`` that centres it, ``((c0 - s0) + (c1 - s1)) / 2``, exact
+  when the network delay is the same both ways.
+- A pair's estimate is the median of its requests' estimates (``spread``: their
+  interquartile range). Like Jaeger, which adjusts only a child that does not fit in its
+  parent, the estimate is applied only when the clocks contradict causality and the
+  requests agree on the remedy: at least `MIN_REQUESTS` requests took part, more than half
+  of them do not fit at offset 0, fewer do not fit at the estimate, and the estimate's
+  magnitude exceeds the spread. Otherwise the offset is 0 (one host, or clocks already
+  consistent; a clock name says nothing about its host, and on one host a client that
+  records ``sent`` late makes a minority of requests look shifted).
+
+A ``gpu:<index>`` clock is mapped to the host clock of the process that recorded it
+(DESIGN.md), so it moves with that host clock: the one host clock (neither ``client`` nor
+``gpu:*``) among the rows of the same trace and service (the engine trace of its step and
+forward), else the one host clock of that service in the table; otherwise it stays.
+
+Pure functions over Arrow tables and numpy arrays; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ttft.analysis import _columns as col
+from ttft.tracer.schema import CLIENT_CLOCK, EV_FIRST_BYTE, EV_FIRST_TOKEN
+
+MIN_REQUESTS = 10
+"""Fewest requests with both a client and a server interval before an offset is applied."""
+GPU_CLOCK_PREFIX = "gpu:"
+
+# What a row is to the midpoint rule (`row_kinds`).
+K_NONE, K_CLIENT, K_SERVER, K_SENT, K_FIRST_TOKEN, K_FIRST_BYTE = range(6)
+_NONE = np.iinfo(np.int64).min
+
+
+@dataclass(frozen=True)
+class ClockOffset:
+    """The offset of one (client clock, server clock) pair.
+
+    Attributes:
+        client_clock: the client's clock (``client``).
+        server_clock: the server's clock, e.g. ``host:gpu-box-3``.
+        offset_ns: added to every time on ``server_clock`` (and its ``gpu:*`` clocks) to
+            put it on ``client_clock``; 0 when the estimate is not applied.
+        estimate_ns: the median of the per-request estimates, applied or not.
+        spread_ns: interquartile range of the per-request estimates.
+        requests: requests with both a client and a server interval on this pair.
+        violations_before: requests whose server interval does not fit inside the client
+            interval at offset 0.
+        violations_after: the same at ``offset_ns``.
+    """
+
+    client_clock: str
+    server_clock: str
+    offset_ns: int
+    estimate_ns: int
+    spread_ns: int
+    requests: int
+    violations_before: int
+    violations_after: int
+
+    @property
+    def applied(self) -> bool:
+        return self.offset_ns != 0
+
+
+def row_kinds(
+    is_client: np.ndarray,
+    is_client_span: np.ndarray,
+    is_server_span: np.ndarray,
+    ev_rows: np.ndarray,
+    ev_name: np.ndarray,
+    ev_values: Sequence[str],
+) -> np.ndarray:
+    """Per row, its part in the midpoint rule (``K_*``).
+
+    Args:
+        is_client: rows on the client clock.
+        is_client_span, is_server_span: rows of stage ``client`` / ``server``.
+        ev_rows: the rows that are point events; ``ev_name`` their name codes (-1 null)
+            into ``ev_values``.
+    """
+    kind = np.zeros(len(is_client), np.int8)
+    kind[is_client_span & is_client] = K_CLIENT
+    kind[is_server_span & ~is_client] = K_SERVER
+    lut = np.zeros(len(ev_values) + 1, np.int8)
+    for i, value in enumerate(ev_values):
+        lut[i] = {"sent": K_SENT, EV_FIRST_TOKEN: K_FIRST_TOKEN, EV_FIRST_BYTE: K_FIRST_BYTE}.get(
+            value, K_NONE
+        )
+    ev_kind = lut[ev_name]
+    side = is_client[ev_rows]
+    ok = np.where(ev_kind == K_FIRST_BYTE, ~side, side)  # each event on its own side
+    kind[ev_rows] = np.where(ok, ev_kind, K_NONE)
+    return kind
+
+
+def estimate(
+    req: np.ndarray,
+    n_req: int,
+    kind: np.ndarray,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    clock: np.ndarray,
+    clock_values: Sequence[str],
+) -> list[ClockOffset]:
+    """The offsets of every (client, server clock) pair from decoded columns.
+
+    Args:
+        req: request of each row (-1: none, or the row is invalid).
+        n_req: number of requests.
+        kind: `row_kinds` of each row.
+        start_ns, end_ns, clock: the rows' times and clock codes into ``clock_values``.
+    """
+    use = (req >= 0) & (kind != K_NONE)
+    rows = np.flatnonzero(use)
+    r, k, t0, t1 = req[rows], kind[rows], start_ns[rows], end_ns[rows]
+    client0, client1, _ = _earliest(r[k == K_CLIENT], t0[k == K_CLIENT], t1[k == K_CLIENT], n_req)
+    srows = k == K_SERVER
+    server0, server1, s_clock = _earliest(r[srows], t0[srows], t1[srows], n_req, clock[rows][srows])
+    sent, first_token, first_byte = (
+        _first(r[k == want], t0[k == want], n_req) for want in (K_SENT, K_FIRST_TOKEN, K_FIRST_BYTE)
+    )
+    ok = (client0 != _NONE) & (server0 != _NONE)
+    c0 = np.where(sent != _NONE, sent, client0)
+    events = (first_token != _NONE) & (first_byte != _NONE)
+    c1 = np.where(events, first_token, client1)
+    s1 = np.where(events, first_byte, server1)
+    lo = (c0 - server0)[ok]
+    hi = (c1 - s1)[ok]
+    clocks = s_clock[ok]
+    out = []
+    for code in np.unique(clocks):
+        mine = clocks == code
+        out.append(_pair(str(clock_values[code]), lo[mine], hi[mine]))
+    return sorted(out, key=lambda o: o.server_clock)
+
+
+def _pair(server_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
+    per_request = (lo.astype(np.float64) + hi.astype(np.float64)) / 2
+    q25, median, q75 = np.percentile(per_request, [25, 50, 75])
+    guess, spread = int(round(median)), int(round(q75 - q25))
+    before = int(((lo > 0) | (hi < 0)).sum())
+    at_guess = int(((lo > guess) | (hi < guess)).sum())
+    n = len(lo)
+    applied = n >= MIN_REQUESTS and 2 * before > n and at_guess < before and abs(guess) > spread
+    return ClockOffset(
+        client_clock=CLIENT_CLOCK,
+        server_clock=server_clock,
+        offset_ns=guess if applied else 0,
+        estimate_ns=guess,
+        spread_ns=spread,
+        requests=n,
+        violations_before=before,
+        violations_after=at_guess if applied else before,
+    )
+
+
+def _first(req: np.ndarray, t: np.ndarray, n_req: int) -> np.ndarray:
+    out = np.full(n_req, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(out, req, t)
+    return np.where(out == np.iinfo(np.int64).max, _NONE, out)
+
+
+def _earliest(
+    req: np.ndarray, t0: np.ndarray, t1: np.ndarray, n_req: int, clock: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start, end (and clock code) of each request's earliest-starting span."""
+    order = np.lexsort((t0, req))
+    req, t0, t1 = req[order], t0[order], t1[order]
+    head = np.ones(len(req), bool)
+    head[1:] = req[1:] != req[:-1]
+    start = np.full(n_req, _NONE, np.int64)
+    end = np.full(n_req, _NONE, np.int64)
+    codes = np.full(n_req, -1, np.int64)
+    start[req[head]], end[req[head]] = t0[head], t1[head]
+    if clock is not None:
+        codes[req[head]] = clock[order][head]
+    return start, end, codes
+
+
+def row_shift(
+    clock: np.ndarray,
+    clock_values: Sequence[str],
+    offsets: Sequence[ClockOffset],
+    trace: Callable[[], np.ndarray],
+    service: Callable[[], np.ndarray],
+) -> np.ndarray | None:
+    """The ns to add to each row's times, or None when no row moves.
+
+    Args:
+        clock: clock codes (-1 null) into ``clock_values``.
+        offsets: the pairs; one per server clock at most.
+        trace, service: give the rows' trace / service codes (called only when a
+            ``gpu:*`` clock must be mapped to its host).
+
+    Raises:
+        ValueError: two offsets for one server clock.
+    """
+    by_clock: dict[str, int] = {}
+    for o in offsets:
+        if o.server_clock in by_clock:
+            raise ValueError(f"two clock offsets for server clock {o.server_clock!r}")
+        by_clock[o.server_clock] = o.offset_ns
+    if not any(by_clock.values()):
+        return None
+    per_value = np.array([by_clock.get(v, 0) for v in clock_values] + [0], np.int64)
+    shift = per_value[clock]
+    gpu_values = [i for i, v in enumerate(clock_values) if v.startswith(GPU_CLOCK_PREFIX)]
+    is_gpu = np.isin(clock, gpu_values)
+    if not is_gpu.any():
+        return shift
+    host_value = np.array(
+        [v != CLIENT_CLOCK and not v.startswith(GPU_CLOCK_PREFIX) for v in clock_values] + [False]
+    )
+    is_host = host_value[clock]
+    # Host clocks ranked by name, so the choice never depends on row order.
+    rank = np.argsort(np.argsort(np.asarray(clock_values, dtype=object)))
+    by_rank = np.argsort(np.asarray(clock_values, dtype=object))
+    trace_codes, service_codes = trace(), service()
+    n_service = int(service_codes.max(initial=0)) + 2
+
+    def by_trace(rows: np.ndarray) -> np.ndarray:
+        return trace_codes[rows].astype(np.int64) * n_service + service_codes[rows] + 1
+
+    def by_service(rows: np.ndarray) -> np.ndarray:
+        return service_codes[rows].astype(np.int64)
+
+    # First the host clock of the gpu row's own trace and service, then of its service.
+    gpu_rows = np.flatnonzero(is_gpu)
+    gpu_trace = np.zeros(int(trace_codes.max(initial=0)) + 2, bool)
+    gpu_trace[trace_codes[gpu_rows]] = True
+    hosts = np.flatnonzero(is_host & gpu_trace[trace_codes])
+    home = _only_host(by_trace(gpu_rows), by_trace(hosts), rank[clock[hosts]])
+    left = home < 0
+    if left.any():
+        hosts = np.flatnonzero(is_host)
+        home[left] = _only_host(by_service(gpu_rows[left]), by_service(hosts), rank[clock[hosts]])
+    found = home >= 0
+    shift[gpu_rows[found]] = per_value[by_rank[home[found]]]
+    return shift
+
+
+def _only_host(want: np.ndarray, have: np.ndarray, host_rank: np.ndarray) -> np.ndarray:
+    """For each key in ``want``: the rank of the one host clock among rows of that key in
+    ``have`` (ranks ``host_rank``); -1 where there is none or more than one."""
+    keys, inv = np.unique(want, return_inverse=True)
+    pos = np.searchsorted(keys, have)
+    hit = pos < len(keys)
+    hit[hit] = keys[pos[hit]] == have[hit]
+    big = np.iinfo(np.int64).max
+    low = np.full(len(keys), big, np.int64)
+    high = np.full(len(keys), -1, np.int64)
+    np.minimum.at(low, pos[hit], host_rank[hit])
+    np.maximum.at(high, pos[hit], host_rank[hit])
+    one = (low == high) & (high >= 0)
+    return np.where(one, low, -1)[inv]
+
+
+def estimate_offsets(table: pa.Table) -> list[ClockOffset]:
+    """One `ClockOffset` per (client clock, server clock) pair of a span table
+    (``tracer.schema.SPAN_SCHEMA``), sorted by server clock; rules in the module docstring."""
+    n = table.num_rows
+    if n == 0:
+        return []
+    trace, _ = col.codes(table.column("trace_id"))
+    stage, stage_values = col.codes(table.column("stage"))
+    clock, clock_values = col.codes(table.column("clock"))
+    start, end = col.int64(table.column("start_ns")), col.int64(table.column("end_ns"))
+    valid = (trace >= 0) & (end >= start)
+    for name in ("start_ns", "end_ns"):
+        if table.column(name).null_count:
+            valid &= np.asarray(pc.is_valid(table.column(name)).to_numpy(zero_copy_only=False))
+
+    def stage_is(name: str) -> np.ndarray:
+        return np.isin(stage, [i for i, v in enumerate(stage_values) if v == name])
+
+    is_client = np.isin(clock, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK])
+    ev_rows = np.flatnonzero(valid & stage_is("event"))
+    ev_name, ev_values = col.codes(col.take(table.column("name"), ev_rows))
+    kind = row_kinds(is_client, stage_is("client"), stage_is("server"), ev_rows, ev_name, ev_values)
+    kind[~valid] = K_NONE
+    req, n_req = _requests(table, trace, kind != K_NONE, valid)
+    return estimate(req, n_req, kind, start, end, clock, clock_values)
+
+
+def _requests(
+    table: pa.Table, trace: np.ndarray, marks: np.ndarray, valid: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """Request of each row as ``assemble`` groups them: traces holding a marked row, joined
+    by their first non-null ``request_id``."""
+    n_traces = int(trace.max(initial=-1)) + 1
+    is_req = np.zeros(n_traces + 1, bool)
+    is_req[trace[marks]] = True
+    rid, rid_values = col.codes(table.column("request_id"))
+    rid_of_trace = np.full(n_traces, -1, np.int64)
+    with_rid = valid & (rid >= 0) & is_req[trace]
+    rid_of_trace[trace[with_rid][::-1]] = rid[with_rid][::-1]  # first one wins
+    req_traces = np.flatnonzero(is_req[:n_traces])
+    key = np.where(rid_of_trace >= 0, rid_of_trace, len(rid_values) + np.arange(n_traces))
+    _, inv = np.unique(key[req_traces], return_inverse=True)
+    req_of_trace = np.full(n_traces + 1, -1, np.int64)
+    req_of_trace[req_traces] = inv
+    return np.where(valid, req_of_trace[trace], -1), int(inv.max(initial=-1)) + 1
+
+
+def apply_offsets(table: pa.Table, offsets: Sequence[ClockOffset]) -> pa.Table:
+    """``table`` with ``start_ns``/``end_ns`` of every row on a server clock (and on the
+    ``gpu:*`` clocks of that host) moved by its pair's ``offset_ns``; the same table when
+    no row moves."""
+    clock, clock_values = col.codes(table.column("clock"))
+    shift = row_shift(
+        clock,
+        clock_values,
+        offsets,
+        lambda: col.codes(table.column("trace_id"))[0],
+        lambda: col.codes(table.column("service"))[0],
+    )
+    if shift is None or table.num_rows == 0:
+        return table
+    for name in ("start_ns", "end_ns"):
+        column = table.column(name)
+        bounds = np.cumsum([len(c) for c in column.chunks])[:-1]
+        moves = pa.chunked_array(
+            [pa.array(s, pa.int64()) for s in np.split(shift, bounds)], type=pa.int64()
+        )
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, table.schema.field(name), pc.add(column, moves))
+    return table

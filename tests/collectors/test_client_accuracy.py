@@ -1,0 +1,58 @@
+"""The load generator's timing against benchmarks/sse_server.py in a separate process: a
+small version of benchmarks/client_accuracy.py's measurement. Only bounds that hold on a
+busy shared machine are asserted (causality, completeness, generous medians); the goals
+themselves live in the benchmark."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ttft.collectors.loadgen import run
+from ttft.collectors.workloads import poisson, workload
+
+BENCHMARK = Path(__file__).parents[2] / "benchmarks" / "client_accuracy.py"
+N = 50
+RATE_PER_S = 50.0
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/client_accuracy.py as a module (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location("client_accuracy_benchmark", BENCHMARK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_sends_on_schedule_and_stamps_first_bytes_after_the_server_wrote_them(bench):
+    offsets = poisson(RATE_PER_S, N, seed=3)
+    with bench.sse_server() as base_url:
+        bench.server_log(base_url)  # empty
+        results = asyncio.run(run(base_url, workload(offsets, ["Hi."], 8), warmup=1))
+        log = bench.server_log(base_url)
+    anchor_ns = bench.clock_anchor_ns()
+    assert [(r.error, r.status_code, r.tokens) for r in results] == [(None, 200, 8)] * N
+    assert {r.trace_id for r in results} <= set(log) and len(log) == N + 1  # + the warm-up
+    acc = bench.accuracy(results, offsets, log, anchor_ns)
+    assert acc.ok == N
+    assert acc.start_spread_ns <= 1_000  # ``scheduled`` is run start + arrival_s, exactly
+    # never early; the median not far late, even on a busy machine
+    assert (acc.span_err_ns >= 0).all() and (acc.sent_err_ns >= acc.span_err_ns).all()
+    assert np.median(acc.sent_err_ns) < 5e6
+    # the client sees the first body bytes after the server started writing them, soon after
+    assert (acc.gap_ns > 0).all() and np.median(acc.gap_ns) < 5e6
+    # and ``sent`` is no later than the server had the whole request
+    for r in results:
+        sent_ns = next(row["start_ns"] for row in r.rows if row["name"] == "sent")
+        assert sent_ns - anchor_ns < log[r.trace_id]["received_ns"]

@@ -1,0 +1,157 @@
+"""`ttft collect`: a real process on loopback receiving real SDK exports over OTLP/HTTP and
+OTLP/gRPC, stopped by a signal; its errors, in-process."""
+
+from __future__ import annotations
+
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from _live import Collect
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+    OTLPSpanExporter as GrpcSpanExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpSpanExporter,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from typer.testing import CliRunner
+
+from ttft.collectors.store import read_metadata, read_trace
+from ttft.reports.cli import app
+
+T0_NS = 1_700_000_000_000_000_000
+TIMEOUT_S = 15.0
+runner = CliRunner()
+
+
+def finished_spans(names: list[str]) -> list:
+    collect = Collect()
+    provider = TracerProvider(resource=Resource.create({"service.name": "engine"}))
+    provider.add_span_processor(SimpleSpanProcessor(collect))
+    tracer = provider.get_tracer("test")
+    for index, name in enumerate(names):
+        tracer.start_span(name, start_time=T0_NS + index).end(end_time=T0_NS + index + 1)
+    provider.shutdown()
+    return collect.spans
+
+
+def next_line(lines: queue.Queue, pattern: str, deadline_s: float) -> re.Match:
+    """The first line from the process matching ``pattern``, within the deadline."""
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline_s - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no line matching {pattern!r}; got {seen}") from None
+        assert line is not None, f"process ended without {pattern!r}; got {seen}"
+        match = re.search(pattern, line)
+        if match:
+            return match
+        seen.append(line)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+def test_collect_end_to_end_over_http_and_grpc(tmp_path, stop_signal):
+    out = tmp_path / "spans"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ttft.reports.cli", "collect", "--http-port", "0",
+         "--grpc-port", "0", "--token", "t0k", "-o", str(out), "--duration", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in process.stderr:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        deadline_s = time.monotonic() + TIMEOUT_S
+        http_url = next_line(lines, r"OTLP/HTTP listening on (\S+)$", deadline_s).group(1)
+        grpc_url = next_line(lines, r"OTLP/gRPC listening on (\S+)$", deadline_s).group(1)
+        trace = next_line(lines, r"writing spans to (\S+) \(Ctrl-C", deadline_s).group(1)
+        auth = {"authorization": "Bearer t0k"}
+        exporters = [
+            HttpSpanExporter(endpoint=http_url, headers=auth, timeout=5),
+            GrpcSpanExporter(endpoint=grpc_url, insecure=True, headers=auth, timeout=5),
+            GrpcSpanExporter(endpoint=grpc_url, insecure=True, timeout=5),  # no token
+        ]
+        results = [
+            exporters[0].export(finished_spans(["server", "tokenize", "queue"])),
+            exporters[1].export(finished_spans(["step", "forward"])),
+            exporters[2].export(finished_spans(["lost"])),
+        ]
+        for exporter in exporters:
+            exporter.shutdown()
+        process.send_signal(stop_signal)
+        assert process.wait(timeout=TIMEOUT_S) == 0
+        summary = next_line(lines, r"^collected ", deadline_s).string
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=TIMEOUT_S)
+        process.stderr.close()
+    assert results == [SpanExportResult.SUCCESS, SpanExportResult.SUCCESS,
+                       SpanExportResult.FAILURE]
+    assert summary == (f"collected 5 spans from 3 requests (1 requests rejected, "
+                       f"0 spans rejected) into {trace}")
+    assert [path.name for path in out.iterdir()] == [trace.rsplit("/", 1)[1]]
+    table = read_trace(out)
+    assert sorted(table.column("name").to_pylist()) == [
+        "forward", "queue", "server", "step", "tokenize"]
+    assert read_metadata(out)["workload"] == {
+        "command": "ttft collect", "otlp_http": http_url, "otlp_grpc": grpc_url}
+
+
+def test_collect_stops_after_duration_and_leaves_an_empty_trace(tmp_path):
+    out = tmp_path / "new" / "spans"
+    result = runner.invoke(app, ["collect", "-o", str(out), "--http-port", "0",
+                                 "--grpc-port", "0", "--duration", "0.1"])
+    assert result.exit_code == 0, result.output
+    (trace,) = out.iterdir()
+    assert result.stderr.splitlines()[-1] == (
+        f"collected 0 spans from 0 requests (0 requests rejected, 0 spans rejected) "
+        f"into {trace}")
+    assert read_trace(out).num_rows == 0
+
+
+@pytest.mark.parametrize("busy", ["http", "grpc"])
+def test_collect_names_a_port_in_use(tmp_path, busy):
+    out = tmp_path / "spans"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        ports = (["--http-port", str(port), "--grpc-port", "0"] if busy == "http"
+                 else ["--grpc-port", str(port), "--no-http"])
+        result = runner.invoke(app, ["collect", "-o", str(out), *ports, "--duration", "5"])
+    protocol = {"http": "OTLP/HTTP", "grpc": "OTLP/gRPC"}[busy]
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: cannot listen for {protocol} on 127.0.0.1:{port}: Address already in use")
+    assert list(out.iterdir()) == []  # no trace from a run that never started
+
+
+def test_collect_errors_a_user_can_act_on(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = {
+        (str(a_file),): f"error: {a_file}: not a directory",
+        (str(a_file / "sub"),): f"error: {a_file / 'sub'}: cannot write a trace there "
+                                "(Not a directory)",
+        (str(tmp_path / "d"), "--no-http", "--no-grpc"):
+            "error: --no-http and --no-grpc together leave nothing to listen on",
+    }
+    for (out, *flags), message in cases.items():
+        result = runner.invoke(app, ["collect", "-o", out, *flags, "--duration", "0"])
+        assert (result.exit_code, result.stderr.strip()) == (2, message)
