@@ -48,7 +48,8 @@ from ttft.tracer import context as _ctx
 __all__ = ["Engine", "EngineConfig", "EngineStopped", "QueueFull", "RequestStream", "TokenEvent"]
 
 log = logging.getLogger(__name__)
-_DELAY_STAGES = ("tokenize", "queue", "schedule", "sample", "detokenize")
+DELAY_STAGES = ("tokenize", "queue", "schedule", "sample", "detokenize")
+"""The stages ``inject_delay_ms`` can delay (each delay lands inside that stage's span)."""
 
 
 class QueueFull(RuntimeError):
@@ -98,9 +99,9 @@ class EngineConfig:
 
 
 def _check_delays(delays: dict[str, float]) -> None:
-    bad = sorted(set(delays) - set(_DELAY_STAGES))
+    bad = sorted(set(delays) - set(DELAY_STAGES))
     if bad:
-        raise ValueError(f"inject_delay_ms: unknown stage(s) {bad}; choose from {_DELAY_STAGES}")
+        raise ValueError(f"inject_delay_ms: unknown stage(s) {bad}; choose from {DELAY_STAGES}")
     if any(v < 0 for v in delays.values()):
         raise ValueError(f"inject_delay_ms: delays must be >= 0, got {delays}")
 

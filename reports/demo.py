@@ -66,7 +66,7 @@ def run_demo(
     trace = out_dir / "demo.parquet"
     engine = build_engine(model, device="cpu", seed=seed)
     context = engine.model.config.max_seq_len
-    longest = max(24, min(400, (context - max_tokens) * 3 // 4))
+    longest = max(96, min(400, (context - max_tokens) * 3 // 4))
     receiver_port = free_port()
     exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver_port}/v1/traces")
     tracing = configure("ttft-demo-server", [exporter])
@@ -75,8 +75,8 @@ def run_demo(
         url = server.enter_context(serving(engine, model_name=model))
         spec = TraceSpec(
             url=url, model=model, rate=rate_per_s, requests=requests,
-            prompt_tokens=(16, longest), output_tokens=max_tokens,
-            shared_prefix=(4, 50), prefix_tokens=12, shared_fraction=1 / 3, seed=seed,
+            prompt_tokens=(80, longest), output_tokens=max_tokens,
+            shared_prefix=(4, 50), prefix_tokens=64, shared_fraction=1 / 3, seed=seed,
             receiver_port=receiver_port, span_wait_s=30.0,
         )
         # the server stops and flushes while the receiver still listens

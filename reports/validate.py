@@ -31,6 +31,7 @@ from ttft.analysis.attribution import attribute
 from ttft.collectors import loadgen, workloads
 from ttft.collectors.otel_exporter import ParquetSpanExporter
 from ttft.collectors.store import TraceWriter, read_trace
+from ttft.engine.scheduler import DELAY_STAGES as ENGINE_DELAY_STAGES
 from ttft.tracer import configure
 
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
     "tolerance_ms",
 ]
 
-DELAY_STAGES: tuple[str, ...] = ("tokenize", "queue", "schedule", "sample", "detokenize")
+DELAY_STAGES = ENGINE_DELAY_STAGES
 """The stages the reference engine can delay (``EngineConfig.inject_delay_ms``); each
 delay lands inside the span of the stage of the same name."""
 

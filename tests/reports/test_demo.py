@@ -15,6 +15,7 @@ def test_demo_traces_client_and_server_into_one_analyzable_trace(tmp_path, monke
     for stage in ("network", "server", "queue", "prefill.chunk", "tokenize"):
         assert stage in stages, stage
     assert abs(sum(s["share"] for s in stages.values()) - 1.0) < 1e-9
-    # the warm-up request reached the server but has no client window: counted, not guessed
+    # the warm-up went out "not sampled", but the engine's steps that ran it are still
+    # traced: they form one windowless group, counted rather than guessed
     assert summary["quality"]["no_window"] == 1
     assert result.trace.exists()
