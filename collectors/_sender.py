@@ -21,6 +21,7 @@ redirects, no content codings (requests say ``Accept-Encoding: identity``).
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 from collections.abc import Callable, Iterable
@@ -94,6 +95,8 @@ class Origin:
 
 
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE = range(7)
+_HEX = re.compile(rb"[0-9A-Fa-f]+")
+_DIGITS = re.compile(r"[0-9]+")
 
 
 class Connection(asyncio.Protocol):
@@ -152,7 +155,7 @@ class Connection(asyncio.Protocol):
         self.reusable = False
         if self.sink is None:
             return
-        if self._state == _UNTIL_CLOSE:
+        if self._state == _UNTIL_CLOSE and exc is None:
             sink, self.sink = self.sink, None
             if self._buffer:
                 sink.on_body(bytes(self._buffer), clock_ns())
@@ -209,10 +212,10 @@ class Connection(asyncio.Protocol):
                 end = buf.find(b"\r\n")
                 if end < 0:
                     return self._flush(body, ns)
-                try:
-                    self._left = int(bytes(buf[:end]).split(b";", 1)[0], 16)
-                except ValueError:
-                    raise ProtocolError(f"bad chunk size line {bytes(buf[:end])[:40]!r}") from None
+                size = bytes(buf[:end]).split(b";", 1)[0].strip()
+                if not _HEX.fullmatch(size):  # int() would take "-5", "0x5", "1_0"
+                    raise ProtocolError(f"bad chunk size line {bytes(buf[:end])[:40]!r}")
+                self._left = int(size, 16)
                 del buf[:end + 2]
                 self._state = _CHUNK_DATA if self._left else _TRAILER
             elif self._state in (_CHUNK_DATA, _LENGTH):
@@ -245,9 +248,10 @@ class Connection(asyncio.Protocol):
     def _head(self, block: bytes, ns: int) -> None:
         lines = block.decode("latin-1").split("\r\n")
         version, _, rest = lines[0].partition(" ")
-        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+        code = rest.partition(" ")[0]
+        if not version.startswith("HTTP/1.") or len(code) != 3 or not _DIGITS.fullmatch(code):
             raise ProtocolError(f"bad status line {lines[0][:80]!r}")
-        status = int(rest[:3])
+        status = int(code)
         if 100 <= status < 200:
             return  # an interim response; the real one follows
         headers: dict[str, str] = {}
@@ -265,10 +269,10 @@ class Connection(asyncio.Protocol):
         elif "chunked" in headers.get("transfer-encoding", "").lower():
             self._state = _CHUNK_SIZE
         elif "content-length" in headers:
-            try:
-                self._left = int(headers["content-length"])
-            except ValueError:
-                raise ProtocolError("bad content-length") from None
+            length = headers["content-length"]
+            if not _DIGITS.fullmatch(length):  # int() would take "-1", "+3", "1_0"
+                raise ProtocolError(f"bad content-length {length[:40]!r}")
+            self._left = int(length)
             self._state = _LENGTH
         else:
             self._state, self._keep_alive = _UNTIL_CLOSE, False
