@@ -5,10 +5,12 @@ Importable from every test module (``tests/`` is on ``sys.path`` through its con
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
 
+import pyarrow as pa
 import uvicorn
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -47,3 +49,17 @@ def running(app, timeout_s: float = TIMEOUT_S) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout_s)
         assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def rows_of(table: pa.Table) -> list[dict]:
+    """A trace table's rows, attributes decoded, sorted by start then name."""
+    rows = table.to_pylist()
+    for row in rows:
+        row["attributes"] = json.loads(row["attributes"])
+    return sorted(rows, key=lambda row: (row["start_ns"], row["name"]))
+
+
+def ids(span) -> tuple[str, str]:
+    """An SDK span's (trace id, span id) as ttft writes them: lowercase hex."""
+    context = span.get_span_context()
+    return format(context.trace_id, "032x"), format(context.span_id, "016x")

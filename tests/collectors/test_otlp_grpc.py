@@ -3,14 +3,13 @@ real SDK exporters and a raw gRPC client over loopback."""
 
 from __future__ import annotations
 
-import json
 import socket
 
 import grpc
 import httpx
 import pyarrow as pa
 import pytest
-from _live import Collect
+from _live import Collect, ids, rows_of
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
     OTLPSpanExporter as GrpcSpanExporter,
@@ -33,18 +32,6 @@ from ttft.collectors.store import TraceWriter, read_trace
 T0_NS = 1_700_000_000_000_000_000
 TRACE = "5b8efff798038103d269b633813fc60c"
 TIMEOUT_S = 5.0
-
-
-def rows_of(table: pa.Table) -> list[dict]:
-    rows = table.to_pylist()
-    for row in rows:
-        row["attributes"] = json.loads(row["attributes"])
-    return sorted(rows, key=lambda row: (row["start_ns"], row["name"]))
-
-
-def ids(span) -> tuple[str, str]:
-    context = span.get_span_context()
-    return format(context.trace_id, "032x"), format(context.span_id, "016x")
 
 
 def make_spans(count: int = 0) -> list:

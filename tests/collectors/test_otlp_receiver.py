@@ -4,6 +4,7 @@ import json
 import httpx
 import pyarrow as pa
 import pytest
+from _live import ids, rows_of
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -20,18 +21,6 @@ T0_NS = 1_700_000_000_000_000_000
 TRACE = "5b8efff798038103d269b633813fc60c"
 ROOT = "eee19b7ec3c1b174"
 CHILD = "eee19b7ec3c1b173"
-
-
-def rows_of(table: pa.Table) -> list[dict]:
-    rows = table.to_pylist()
-    for row in rows:
-        row["attributes"] = json.loads(row["attributes"])
-    return sorted(rows, key=lambda row: (row["start_ns"], row["name"]))
-
-
-def ids(span) -> tuple[str, str]:
-    context = span.get_span_context()
-    return format(context.trace_id, "032x"), format(context.span_id, "016x")
 
 
 @pytest.mark.parametrize("compression", [Compression.NoCompression, Compression.Gzip])
