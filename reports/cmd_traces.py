@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
-from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION
+from ttft.tracer.schema import SCHEMA_VERSION
 
 
 @app.command()
@@ -70,16 +70,9 @@ def analyze(
     from ttft.analysis.assemble import assemble
     from ttft.analysis.attribution import attribute
     from ttft.analysis.summary import summarize
-    from ttft.collectors.store import TraceFileError, read_trace
+    from ttft.reports._load import load_trace
 
-    try:
-        with progress(f"reading {trace}"):
-            table = read_trace(trace)
-    except TraceFileError as exc:
-        raise fail(str(exc)) from None
-    except OSError as exc:
-        raise fail(f"{trace}: {exc.strerror or exc}") from None
-    metadata = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
+    table, metadata = load_trace(trace)
     with progress(f"attributing {table.num_rows:,} spans"):
         asm = assemble(table)
         result = attribute(asm, boundary.value if boundary else None, policy.value)
