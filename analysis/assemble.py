@@ -21,10 +21,10 @@ import pyarrow.compute as pc
 
 from ttft.analysis import _columns as col
 from ttft.analysis import clocks
+from ttft.analysis._conditions import conditions, max_cached
 from ttft.analysis._trees import CODE, MAX_NS, NONE_NS, Spans, resolve_trees
 from ttft.analysis.quality import Quality
 from ttft.tracer.schema import (
-    ATTR_CACHED_TOKENS,
     ATTR_STEP_ID,
     BOUNDARY_EVENTS,
     BOUNDARY_NAMES,
@@ -302,14 +302,11 @@ def _request_ids(uniq: np.ndarray, rid_values: list[str]) -> np.ndarray:
 
 
 def _conditions(table: pa.Table, row_req: np.ndarray, stage: np.ndarray, n_req: int) -> np.ndarray:
-    """``prefix_hit`` / ``cold`` / None per request from the ``cached_tokens`` attribute of
-    its ``server`` span, else of its ``prefill`` and ``prefill.chunk`` spans."""
-    best = np.full(n_req, -1, np.int64)
+    """``prefix_hit`` / ``cold`` / None per request (the rule of ``analysis._conditions``)."""
     attrs = table.column("attributes")
-    for carriers in ([CODE["server"]], [CODE["prefill"], CODE["prefill.chunk"]]):
-        rows = np.flatnonzero((row_req >= 0) & np.isin(stage, carriers))
-        rows = rows[best[row_req[rows]] < 0]  # only requests still unknown
-        if len(rows):
-            np.maximum.at(best, row_req[rows], col.int_attribute(attrs, rows, ATTR_CACHED_TOKENS))
-    names = np.array([None, "cold", "prefix_hit"], dtype=object)
-    return names[np.where(best > 0, 2, np.where(best == 0, 1, 0))]
+
+    def cached(codes: list[int]) -> np.ndarray:
+        rows = np.flatnonzero((row_req >= 0) & np.isin(stage, codes))
+        return max_cached(attrs, rows, row_req, n_req)
+
+    return conditions(cached([CODE["server"]]), cached([CODE["prefill"], CODE["prefill.chunk"]]))

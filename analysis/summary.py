@@ -183,3 +183,57 @@ def clock_list(attr: Attribution) -> list[dict[str, Any]]:
         }
         for c in attr.quality.clocks
     ]
+
+
+BANDS: dict[str, tuple[float, float]] = {
+    "p50": (47.5, 52.5),
+    "p90": (87.5, 92.5),
+    "p99": (98.5, 99.5),
+    "tail ≥ p99": (99.0, 100.0),
+}
+"""The TTFT percentile ranges whose requests `percentile_bands` averages."""
+
+
+def percentile_bands(attr: Attribution, rows: np.ndarray | None = None) -> pd.DataFrame:
+    """Mean attributed ms per stage of the requests near TTFT's p50, p90 and p99, and of
+    the tail (TTFT at or above p99): stacks that sum to their band's mean TTFT, unlike
+    per-stage percentiles, which never add up.
+
+    A band holds the requests whose TTFT lies between the two percentiles of `BANDS`; when
+    none does (few requests), the requests nearest the band's centre percentile.
+
+    Args:
+        attr: an attribution.
+        rows: boolean mask over ``attr.requests`` (default: all requests).
+
+    Returns:
+        One row per band in `BANDS` order (index ``band``): ``requests``, ``ttft_ms`` (the
+        band's mean TTFT) and one column per stage with any attributed time (mean ms);
+        empty when there are no requests.
+    """
+    att = attr.attributed.to_numpy()
+    ttft = attr.requests["ttft_ns"].to_numpy()
+    if rows is not None:
+        att, ttft = att[rows], ttft[rows]
+    used = (att > 0).any(axis=0)
+    names = list(np.asarray(attr.attributed.columns)[used])
+    if len(ttft) == 0:
+        return pd.DataFrame(columns=["requests", "ttft_ms", *names], dtype=float)
+    att = att[:, used]
+    out = []
+    for lo_pct, hi_pct in BANDS.values():
+        lo, hi = np.percentile(ttft, [lo_pct, hi_pct])
+        band = (ttft >= lo) & (ttft <= hi)
+        if not band.any():
+            distance = np.abs(ttft - np.percentile(ttft, (lo_pct + hi_pct) / 2))
+            band = distance == distance.min()
+        out.append(
+            [
+                int(band.sum()),
+                ttft[band].mean() / _NS_PER_MS,
+                *(att[band].mean(axis=0) / _NS_PER_MS),
+            ]
+        )
+    table = pd.DataFrame(out, index=list(BANDS), columns=["requests", "ttft_ms", *names])
+    table.index.name = "band"
+    return table

@@ -91,6 +91,11 @@ def render_analysis(summary: dict[str, Any], console: Console) -> None:
             f"inter-token latency  p50 {itl['p50']:,.2f} ms  p99 {itl['p99']:,.2f} ms   "
             f"time per output token  p50 {itl['tpot_p50']:,.2f} ms"
         )
+    render_quality(summary, console)
+
+
+def render_quality(summary: dict[str, Any], console: Console) -> None:
+    """The data-quality lines and, when a clock pair disagrees, the clock lines."""
     quality = {k: v for k, v in summary["quality"].items() if v}
     if quality:
         for defect, count in quality.items():

@@ -8,7 +8,8 @@ from _build import event, row, table
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
-from ttft.analysis.summary import stage_table, summarize
+from ttft.analysis.summary import BANDS, percentile_bands, stage_table, summarize
+from ttft.collectors.synthetic import generate
 
 CLIENT = {"clock": "client", "service": "loadgen"}
 
@@ -108,3 +109,30 @@ def test_empty_selection_gives_empty_table():
     asm = assemble(table(request(1, 0, 0, [2])))
     result = attribute(asm, "client")
     assert stage_table(result, np.zeros(1, bool)).empty
+
+
+def test_percentile_bands_stack_to_their_mean_ttft():
+    attr = attribute(assemble(generate(1000, seed=5).table))
+    bands = percentile_bands(attr)
+    assert list(bands.index) == list(BANDS)
+    ttft_ms = attr.requests["ttft_ns"].to_numpy() / 1e6
+    stages = bands.drop(columns=["requests", "ttft_ms"])
+    np.testing.assert_allclose(stages.sum(axis=1), bands["ttft_ms"], rtol=1e-12)
+    # p50 band: the requests between TTFT's p47.5 and p52.5, averaged.
+    lo, hi = np.percentile(ttft_ms, [47.5, 52.5])
+    inside = (ttft_ms >= lo) & (ttft_ms <= hi)
+    assert bands.loc["p50", "requests"] == inside.sum() == 50
+    assert bands.loc["p50", "ttft_ms"] == pytest.approx(ttft_ms[inside].mean())
+    # The tail: TTFT at or above p99.
+    assert bands.loc["tail ≥ p99", "requests"] == (ttft_ms >= np.percentile(ttft_ms, 99)).sum()
+    assert bands["ttft_ms"].is_monotonic_increasing
+
+
+def test_percentile_bands_of_few_requests_use_the_nearest():
+    attr = attribute(assemble(generate(3, seed=1).table))
+    bands = percentile_bands(attr)
+    assert (bands["requests"] >= 1).all()
+    ttft_ms = np.sort(attr.requests["ttft_ns"].to_numpy() / 1e6)
+    assert bands.loc["p50", "ttft_ms"] == pytest.approx(ttft_ms[1])
+    mask = np.zeros(3, bool)
+    assert percentile_bands(attr, mask).empty

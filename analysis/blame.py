@@ -1,0 +1,303 @@
+"""Blame: what the engine was executing while a request waited (DESIGN.md, "Attribution").
+
+A request is a trace. Its waits are its ``queue`` spans and the gaps between its
+consecutive ``prefill.chunk`` spans. Each wait is split by the engine's ``step`` spans on
+the same ``(service, clock)``: the part of a step that overlaps the wait goes to ``prefill``
+and ``decode`` in proportion to the step's ``prefill_tokens`` (less this request's own
+``chunk_tokens`` in that step, matched by ``step_id``) and ``decode_tokens``; a step whose
+split is not known goes to ``unknown``; wait time under no step is ``idle``.
+
+Vectorized over waits: steps are sorted per ``(service, clock)`` and each step's end is
+clipped to the next step's start (overlapping steps never count twice), so a wait's steps
+are one contiguous run found by binary search; interior steps are summed from cumulative
+sums and only the two edge steps are clipped. Steps that carry the request's own tokens are
+corrected afterwards, one ``(wait, step)`` pair at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ttft.analysis import _columns as col
+from ttft.analysis._conditions import conditions, first_request_ids, max_cached
+from ttft.tracer.schema import (
+    ATTR_CHUNK_TOKENS,
+    ATTR_DECODE_TOKENS,
+    ATTR_PREFILL_TOKENS,
+    ATTR_STEP_ID,
+)
+
+WAITS = ("queue", "between_chunks")
+"""The waits blame splits: ``queue`` spans, and gaps between a request's prefill chunks."""
+KINDS = ("prefill", "decode", "unknown", "idle")
+"""What the engine was doing during a wait; the frame of `blame` has a ``<kind>_ns`` each."""
+COLUMNS = ("trace_id", "request_id", "condition", "wait", "wait_ns", *(f"{k}_ns" for k in KINDS))
+SUMMARY_COLUMNS = (
+    "condition",
+    "wait",
+    "requests",
+    "wait_ms_mean",
+    *(f"{k}_ms_mean" for k in KINDS),
+    *(f"share_{k}" for k in KINDS),
+)
+
+
+def blame(table: pa.Table) -> pd.DataFrame:
+    """Split every request's waiting time by what the engine executed meanwhile.
+
+    Args:
+        table: spans with `ttft.tracer.schema.SPAN_SCHEMA`. Missing or malformed
+            attributes count as absent and never raise.
+
+    Returns:
+        One row per (request, wait) with wait time > 0, ordered by the trace's first row
+        and then `WAITS`: ``trace_id``, ``request_id`` (the trace's first non-null one),
+        ``condition`` (``cold``, ``prefix_hit`` or None, the rule of
+        ``analysis.assemble``), ``wait`` (one of `WAITS`), ``wait_ns`` and
+        ``prefill_ns``, ``decode_ns``, ``unknown_ns``, ``idle_ns`` (int64, summing to
+        ``wait_ns`` exactly). Several waits of one kind (several queue spans, several
+        gaps) are summed into one row. Prefill time is other requests' prefill: the
+        request's own chunk tokens are subtracted from a step's ``prefill_tokens``. A step
+        lacking ``prefill_tokens`` or ``decode_tokens``, with none left after the
+        subtraction, or carrying an own chunk without ``chunk_tokens``, is ``unknown``.
+    """
+    if table.num_rows == 0:
+        return _empty(COLUMNS)
+    trace, trace_values = col.codes(table.column("trace_id"))
+    stage, stage_values = col.codes(table.column("stage"))
+    start = col.int64(table.column("start_ns"))
+    end = col.int64(table.column("end_ns"))
+    service, _ = col.codes(table.column("service"))
+    clock, clock_values = col.codes(table.column("clock"))
+    group = (service.astype(np.int64) + 1) * (len(clock_values) + 1) + clock + 1
+    attrs = table.column("attributes")
+
+    def rows_of(*names: str) -> np.ndarray:
+        codes = [stage_values.index(s) for s in names if s in stage_values]
+        return np.flatnonzero(np.isin(stage, codes) & (trace >= 0))
+
+    steps = _Steps(attrs, rows_of("step"), start, end, group, service)
+    chunk_rows = rows_of("prefill.chunk")
+    iv_trace, iv_wait, iv_a, iv_b, iv_group = _intervals(
+        rows_of("queue"), chunk_rows, trace, start, end, group
+    )
+    if len(iv_trace) == 0:
+        return _empty(COLUMNS)
+    parts = steps.split(iv_a, iv_b, iv_group)
+    steps.correct_own(parts, iv_trace, iv_a, iv_b, chunk_rows, trace, service, attrs)
+
+    # One row per (trace, wait): sum the intervals.
+    key = iv_trace.astype(np.int64) * len(WAITS) + iv_wait
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    wait_ns = np.add.reduceat((iv_b - iv_a)[order], first)
+    sums = [np.add.reduceat(p[order], first) for p in parts]
+    out_trace = key[first] // len(WAITS)
+    n_traces = len(trace_values)
+    strings = {  # object columns keep None (pandas would infer strings with NaN)
+        "trace_id": np.asarray(trace_values, dtype=object)[out_trace],
+        "request_id": first_request_ids(table, trace, n_traces)[out_trace],
+        "condition": _conditions(table, trace, n_traces, stage, stage_values)[out_trace],
+        "wait": np.asarray(WAITS, dtype=object)[key[first] % len(WAITS)],
+    }
+    out: dict[str, object] = {k: pd.Series(v, dtype=object) for k, v in strings.items()}
+    out["wait_ns"] = wait_ns
+    for kind, value in zip(KINDS[:3], sums, strict=True):
+        out[f"{kind}_ns"] = value
+    out["idle_ns"] = wait_ns - sums[0] - sums[1] - sums[2]
+    return pd.DataFrame(out)
+
+
+def blame_summary(per_request: pd.DataFrame) -> pd.DataFrame:
+    """Aggregate `blame` rows per condition and wait.
+
+    Returns:
+        One row per (condition, wait) that has rows, condition ``all`` first (it mixes
+        both conditions and includes requests of unknown condition), then ``cold`` and
+        ``prefix_hit``; waits in `WAITS` order. Columns: ``requests`` (rows = requests with
+        that wait), ``wait_ms_mean`` and ``<kind>_ms_mean`` (means over those requests) and
+        ``share_<kind>`` (the kind's summed time over the summed wait time, a fraction).
+        Empty input gives an empty frame with these columns.
+    """
+    if per_request.empty:
+        return _empty(SUMMARY_COLUMNS)
+    conditions = per_request["condition"].to_numpy(dtype=object)
+    waits = per_request["wait"].to_numpy(dtype=object)
+    ns = {c: per_request[f"{c}_ns"].to_numpy(np.int64) for c in ("wait", *KINDS)}
+    rows = []
+    for condition in ("all", "cold", "prefix_hit"):
+        in_condition = (
+            np.ones(len(conditions), bool) if condition == "all" else (conditions == condition)
+        )
+        for wait in WAITS:
+            mask = in_condition & (waits == wait)
+            count = int(mask.sum())
+            if count == 0:
+                continue
+            sums = [int(ns[c][mask].sum()) for c in ("wait", *KINDS)]
+            means = [v / count / 1e6 for v in sums]
+            rows.append((condition, wait, count, *means, *(v / sums[0] for v in sums[1:])))
+    return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+
+
+def _conditions(
+    table: pa.Table, trace: np.ndarray, n_traces: int, stage: np.ndarray, stage_values: list[str]
+) -> np.ndarray:
+    """The condition of each trace code, by the rule of ``analysis._conditions``."""
+    attrs = table.column("attributes")
+
+    def cached(*names: str) -> np.ndarray:
+        codes = [stage_values.index(s) for s in names if s in stage_values]
+        rows = np.flatnonzero(np.isin(stage, codes) & (trace >= 0))
+        return max_cached(attrs, rows, trace, n_traces)
+
+    return conditions(cached("server"), cached("prefill", "prefill.chunk"))
+
+
+class _Steps:
+    """The ``step`` spans sorted by (group, start), ends clipped to the next start."""
+
+    def __init__(self, attrs, rows, start, end, group, service) -> None:
+        step_id = col.int_attribute(attrs, rows, ATTR_STEP_ID)
+        prefill = col.int_attribute(attrs, rows, ATTR_PREFILL_TOKENS)
+        decode = col.int_attribute(attrs, rows, ATTR_DECODE_TOKENS)
+        # Ties broken by every field, so row order never matters: of steps starting
+        # together, the one sorted last (the longest) keeps its time.
+        order = np.lexsort((decode, prefill, step_id, end[rows], start[rows], group[rows]))
+        rows = rows[order]
+        self.step_id, self.prefill, self.decode = step_id[order], prefill[order], decode[order]
+        self.group = group[rows]
+        self.service = service[rows]
+        self.start = start[rows]
+        stop = np.maximum(end[rows], self.start)
+        same = self.group[1:] == self.group[:-1]
+        stop[:-1] = np.where(same, np.minimum(stop[:-1], self.start[1:]), stop[:-1])
+        self.stop = stop
+        whole = _split(self.stop - self.start, self.prefill, self.decode, 0)
+        self.cum = [np.concatenate([[0], np.cumsum(p)]) for p in whole]
+
+    def overlap(self, idx: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        lo = np.maximum(self.start[idx], a)
+        hi = np.minimum(self.stop[idx], b)
+        return np.maximum(hi - lo, 0)
+
+    def split(self, a: np.ndarray, b: np.ndarray, group: np.ndarray) -> list[np.ndarray]:
+        """Prefill, decode and unknown ns of each interval ``[a, b)`` in ``group``, without
+        own-token corrections; sets ``self.lo`` / ``self.hi``, the run of steps each
+        interval overlaps."""
+        n = len(a)
+        parts = [np.zeros(n, np.int64) for _ in range(3)]
+        self.lo = np.zeros(n, np.int64)
+        self.hi = np.zeros(n, np.int64)
+        if len(self.start) == 0:
+            return parts
+        bounds = np.flatnonzero(np.r_[True, self.group[1:] != self.group[:-1], True])
+        groups = self.group[bounds[:-1]]
+        for g in np.unique(group):
+            at = np.searchsorted(groups, g)
+            if at == len(groups) or groups[at] != g:
+                continue
+            gs, ge = bounds[at], bounds[at + 1]
+            m = np.flatnonzero(group == g)
+            self.lo[m] = gs + np.searchsorted(self.stop[gs:ge], a[m], "right")
+            self.hi[m] = gs + np.searchsorted(self.start[gs:ge], b[m], "left")
+        lo, hi = self.lo, self.hi
+        inner = hi - 1 > lo + 1
+        k0, k1 = np.where(inner, lo + 1, 0), np.where(inner, hi - 1, 0)
+        for part, cum in zip(parts, self.cum, strict=True):
+            part += cum[k1] - cum[k0]
+        for edge, use in ((lo, hi > lo), (hi - 1, hi - 1 > lo)):
+            m = np.flatnonzero(use)
+            idx = edge[m]
+            ov = self.overlap(idx, a[m], b[m])
+            for part, value in zip(
+                parts, _split(ov, self.prefill[idx], self.decode[idx], 0), strict=True
+            ):
+                part[m] += value
+        return parts
+
+    def correct_own(self, parts, iv_trace, a, b, chunk_rows, trace, service, attrs) -> None:
+        """Re-split the steps that carry the interval's own request's chunks."""
+        if len(chunk_rows) == 0 or len(self.start) == 0:
+            return
+        chunks = pd.DataFrame(
+            {
+                "trace": trace[chunk_rows],
+                "service": service[chunk_rows],
+                "step_id": col.int_attribute(attrs, chunk_rows, ATTR_STEP_ID),
+                "tokens": col.int_attribute(attrs, chunk_rows, ATTR_CHUNK_TOKENS),
+            }
+        )
+        chunks = chunks[chunks["step_id"] >= 0]
+        own = chunks.groupby(["trace", "service", "step_id"], sort=False)["tokens"].agg(
+            ["sum", "min"]
+        )
+        own["own"] = np.where(own["min"] < 0, -1, own["sum"])  # -1: an own chunk of unknown size
+        known = self.step_id >= 0
+        steps = pd.DataFrame(
+            {
+                "service": self.service[known],
+                "step_id": self.step_id[known],
+                "idx": np.flatnonzero(known),
+            }
+        )
+        pairs = own["own"].reset_index().merge(steps, on=["service", "step_id"])
+        ivs = pd.DataFrame({"trace": iv_trace, "iv": np.arange(len(iv_trace))})
+        pairs = pairs[["trace", "idx", "own"]].merge(ivs, on="trace")
+        iv = pairs["iv"].to_numpy()
+        idx = pairs["idx"].to_numpy()
+        m = (idx >= self.lo[iv]) & (idx < self.hi[iv])
+        iv, idx, own_tokens = iv[m], idx[m], pairs["own"].to_numpy()[m]
+        ov = self.overlap(idx, a[iv], b[iv])
+        p, d = self.prefill[idx], self.decode[idx]
+        fixed = _split(ov, p, d, own_tokens)
+        plain = _split(ov, p, d, 0)
+        for part, new, old in zip(parts, fixed, plain, strict=True):
+            np.add.at(part, iv, new - old)
+
+
+def _split(ov_ns, prefill, decode, own) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``ov_ns`` of steps into (prefill, decode, unknown) ns: prefill gets
+    ``floor(ov * p / (p + d))`` with ``p`` the prefill tokens less ``own`` (-1: unknown)."""
+    own = np.asarray(own)
+    other = np.maximum(prefill - own, 0)
+    total = other + decode
+    known = (prefill >= 0) & (decode >= 0) & (own >= 0) & (total > 0)
+    safe = np.where(known, total, 1)
+    tokens = np.where(known, other, 0)
+    q, r = np.divmod(ov_ns, safe)
+    pre = q * tokens + (r * tokens) // safe  # exact floor without overflowing ov * p
+    return pre, np.where(known, ov_ns - pre, 0), np.where(known, 0, ov_ns)
+
+
+def _intervals(queue_rows, chunk_rows, trace, start, end, group):
+    """Waits as arrays (trace, wait index, a, b, group), each with ``b > a``.
+
+    Gaps are taken between consecutive chunks of one trace on one (service, clock),
+    sorted by start, from the latest chunk end so far (overlapping chunks leave no gap).
+    """
+    q_a, q_b = start[queue_rows], end[queue_rows]
+    keep = q_b > q_a
+    out = [(trace[queue_rows][keep], 0, q_a[keep], q_b[keep], group[queue_rows][keep])]
+    if len(chunk_rows) > 1:
+        key = trace[chunk_rows].astype(np.int64) * (int(group.max()) + 1) + group[chunk_rows]
+        order = np.lexsort((start[chunk_rows], key))
+        rows, key = chunk_rows[order], key[order]
+        reach = pd.Series(end[rows]).groupby(key).cummax().to_numpy()
+        a, b = reach[:-1], start[rows[1:]]
+        keep = (key[1:] == key[:-1]) & (b > a)
+        out.append((trace[rows[:-1]][keep], 1, a[keep], b[keep], group[rows[:-1]][keep]))
+    cat = [np.concatenate([np.broadcast_to(o[j], len(o[0])) for o in out]) for j in range(5)]
+    return tuple(c.astype(np.int64) for c in cat)
+
+
+def _empty(columns: tuple[str, ...]) -> pd.DataFrame:
+    def dtype(c: str) -> str:
+        if c.endswith("_ns") or c == "requests":
+            return "int64"
+        return "float64" if c.endswith("_mean") or c.startswith("share_") else "object"
+
+    return pd.DataFrame({c: pd.Series(dtype=dtype(c)) for c in columns})

@@ -1,0 +1,69 @@
+"""``ttft report``: the latency report of a trace, as a self-contained HTML file or in the
+terminal."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
+
+
+@app.command()
+def report(
+    trace: Annotated[
+        Path, typer.Argument(metavar="TRACE", help="a trace file or a directory of part files")
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--out",
+            help="write a self-contained HTML report here (opens with no network); "
+            "without it the report is printed in the terminal",
+        ),
+    ] = None,
+    boundary: Annotated[
+        BoundaryName | None,
+        typer.Option(help="TTFT boundary (default: the outermost the trace supports)"),
+    ] = None,
+    policy: Annotated[
+        PolicyName, typer.Option(help="how overlapping spans share a segment")
+    ] = PolicyName["exclusive"],
+) -> None:
+    """Where each request's TTFT went: headline per condition, stage stacks at p50/p90/p99
+    and the tail, the TTFT CDF, waterfalls of the median, p99 and slowest requests, queue
+    blame, prefill scaling with its fit, raw durations against attributed time, data
+    quality and the run's metadata."""
+    from ttft.reports import report_data
+    from ttft.reports._load import load_trace
+
+    started = time.perf_counter()
+    table, metadata = load_trace(trace)
+    with progress(f"analyzing {table.num_rows:,} spans"):
+        data = report_data.build(
+            table,
+            metadata,
+            trace=str(trace),
+            boundary=boundary.value if boundary else None,
+            policy=policy.value,
+        )
+    if out is None:
+        from ttft.reports.terminal_report import render_report
+
+        render_report(data, stdout_console())
+        return
+    from ttft.reports.html_report import write_html
+
+    try:
+        with progress(f"writing {out}"):
+            size = write_html(out, data)
+    except OSError as exc:
+        raise fail(f"{out}: cannot write ({exc.strerror or exc})") from None
+    err.print(
+        f"wrote {out}: {data.summary['requests']:,} requests, {size / 1e6:.1f} MB "
+        f"in {time.perf_counter() - started:.1f} s; open it in a browser (works offline)"
+    )

@@ -1,0 +1,226 @@
+"""``ttft report`` in the terminal: the HTML report's story told with rich tables and bars."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ttft.reports._colours import colour
+from ttft.reports.report_data import ReportData
+from ttft.reports.terminal import render_quality, stage_table
+from ttft.tracer.schema import STAGE_NAMES
+
+_BAR_CHARS = 48
+_CDF_PCTS = (10, 25, 50, 75, 90, 99, 99.9)
+
+
+def _stacked(parts: dict[str, float], total_ms: float, scale_ms: float) -> Text:
+    """A bar ``_BAR_CHARS`` wide for ``scale_ms``, one coloured run per stage in stage
+    order, widths rounded so the runs add up to the whole bar's rounded width."""
+    bar = Text()
+    width = round(_BAR_CHARS * total_ms / scale_ms) if scale_ms > 0 else 0
+    done_ms = drawn = 0
+    for stage in (s for s in STAGE_NAMES if parts.get(s, 0) > 0):
+        done_ms += parts[stage]
+        upto = round(width * done_ms / total_ms) if total_ms > 0 else 0
+        bar.append("█" * (upto - drawn), style=colour(stage))
+        drawn = upto
+    return bar
+
+
+def _legend(stages: set[str]) -> Text:
+    text = Text("  ")
+    for stage in (s for s in STAGE_NAMES if s in stages):
+        text.append("█ ", style=colour(stage))
+        text.append(f"{stage}   ")
+    return text
+
+
+def _headline(data: ReportData) -> Table:
+    table = Table(title="headline", title_justify="left")
+    for name in ("requests", "TTFT p50 ms", "p90 ms", "p99 ms"):
+        table.add_column(name, justify="right")
+    table.add_column("biggest stage (share of TTFT)")
+    table.columns[0].header = "group · requests"
+    for group, mask in data.groups.items():
+        part = data.summary if group == "all" else data.summary["conditions"][group]
+        stages = part["stages"]
+        biggest = max(stages.items(), key=lambda kv: kv[1]["share"]) if stages else None
+        big = Text()
+        if biggest:
+            big.append("█ ", style=colour(biggest[0]))
+            big.append(f"{biggest[0]} {biggest[1]['share']:.1%}")
+        ttft = part["ttft_ms"]
+        table.add_row(
+            f"{data.group_label[group]} · {int(mask.sum()):,}",
+            f"{ttft['p50']:,.2f}",
+            f"{ttft['p90']:,.2f}",
+            f"{ttft['p99']:,.2f}",
+            big,
+        )
+    return table
+
+
+def _bands(data: ReportData) -> Table:
+    scale = max((float(b["ttft_ms"].max()) for b in data.bands.values() if len(b)), default=0)
+    table = Table(
+        title="where TTFT goes: mean attributed ms of the requests near each percentile",
+        title_justify="left",
+        caption="each bar sums to its band's mean TTFT; bars share one scale",
+        caption_justify="left",
+    )
+    table.add_column("group · band")
+    table.add_column("n", justify="right")
+    table.add_column("mean TTFT ms", justify="right")
+    table.add_column("stages", no_wrap=True)
+    table.add_column("largest parts")
+    stages: set[str] = set()
+    for group, bands in data.bands.items():
+        for band, row in bands.iterrows():
+            parts = {c: float(row[c]) for c in bands.columns if c not in ("requests", "ttft_ms")}
+            stages.update(s for s, v in parts.items() if v > 0)
+            top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+            table.add_row(
+                f"{data.group_label[group]} · {band}",
+                f"{int(row['requests']):,}",
+                f"{row['ttft_ms']:,.2f}",
+                _stacked(parts, float(row["ttft_ms"]), scale),
+                ", ".join(f"{s} {v:,.1f}" for s, v in top if v > 0),
+            )
+        table.add_section()
+    table.caption = Text.assemble(table.caption, "\n", _legend(stages))
+    return table
+
+
+def _cdf(data: ReportData) -> Table:
+    table = Table(title="TTFT distribution (ms)", title_justify="left")
+    table.add_column("group")
+    for p in _CDF_PCTS:
+        table.add_column(f"p{p:g}", justify="right")
+    table.add_column("max", justify="right")
+    for group, values in data.cdf_ms.items():
+        if len(values) == 0:
+            continue
+        pcts = np.percentile(values, _CDF_PCTS)
+        table.add_row(data.group_label[group], *(f"{v:,.1f}" for v in pcts), f"{values[-1]:,.1f}")
+    return table
+
+
+def _waterfalls(data: ReportData) -> Table:
+    scale = max((w.ttft_ms for w in data.waterfalls), default=0)
+    table = Table(title="requests up close (attributed parts)", title_justify="left")
+    table.add_column("request")
+    table.add_column("TTFT ms", justify="right")
+    table.add_column("stages", no_wrap=True)
+    table.add_column("largest parts")
+    for w in data.waterfalls:
+        top = sorted(w.parts_ms.items(), key=lambda kv: -kv[1])[:3]
+        table.add_row(
+            f"{w.label} ({w.condition or '?'}) {w.trace_id[:8]}",
+            f"{w.ttft_ms:,.2f}",
+            _stacked(w.parts_ms, w.ttft_ms, scale),
+            ", ".join(f"{s} {v:,.1f}" for s, v in top),
+        )
+    return table
+
+
+def _blame(data: ReportData) -> Table | None:
+    frame = data.blame
+    if frame.empty:
+        return None
+    table = Table(
+        title="queue blame: what the engine executed while requests waited (mean ms)",
+        title_justify="left",
+    )
+    for name in ("condition", "wait", "requests", "wait ms"):
+        table.add_column(name, justify="left" if name in ("condition", "wait") else "right")
+    for name in ("others' prefill", "decode", "unknown", "idle"):
+        table.add_column(name, justify="right")
+    for r in frame.itertuples():
+        table.add_row(
+            str(r.condition),
+            str(r.wait),
+            f"{int(r.requests):,}",
+            f"{r.wait_ms_mean:,.2f}",
+            *(
+                f"{getattr(r, f'{k}_ms_mean'):,.2f} ({getattr(r, f'share_{k}'):.0%})"
+                for k in ("prefill", "decode", "unknown", "idle")
+            ),
+        )
+    return table
+
+
+def _prefill(data: ReportData) -> Table | None:
+    if not data.prefill_fits:
+        return None
+    table = Table(
+        title="prefill compute (own chunks) vs tokens computed: a + b·n + c·n²",
+        title_justify="left",
+    )
+    for name in ("condition", "points", "a ms", "b µs/token", "c ns/token²", "R²"):
+        table.add_column(name, justify="left" if name == "condition" else "right")
+    for n in (512, 2048):
+        table.add_column(f"at {n} ms", justify="right")
+    for cond, fit in data.prefill_fits.items():
+        at = fit.predict_ns(np.array([512.0, 2048.0])) / 1e6
+        table.add_row(
+            cond,
+            f"{fit.points:,}",
+            f"{fit.a_ns / 1e6:,.3f}",
+            f"{fit.b_ns_per_token / 1e3:,.3f}",
+            f"{fit.c_ns_per_token2:,.4f}",
+            f"{fit.r2:.3f}",
+            *(f"{v:,.2f}" for v in at),
+        )
+    return table
+
+
+def _metadata(metadata: dict[str, Any]) -> Table:
+    table = Table(title="run metadata", title_justify="left", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value", overflow="fold")
+    for key in sorted(metadata):
+        value = metadata[key]
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        table.add_row(key, text if len(text) <= 200 else text[:197] + "…")
+    return table
+
+
+def render_report(data: ReportData, console: Console) -> None:
+    """Print the report of ``data`` on ``console``."""
+    s = data.summary
+    console.print(
+        Text.assemble(
+            ("ttft report ", "bold"),
+            (data.trace, "bold cyan"),
+            f"  boundary={s['boundary']}  policy={s['policy']}  requests={s['requests']:,}",
+        )
+    )
+    if s["requests"] == 0:
+        console.print("[yellow]No request has a TTFT window at this boundary.[/yellow]")
+    else:
+        console.print(_headline(data))
+        console.print(_bands(data))
+        console.print(_cdf(data))
+        console.print(_waterfalls(data))
+        console.print(
+            stage_table("raw durations against attributed time", s["ttft_ms"], s["stages"])
+        )
+        console.print(
+            Text(
+                "raw: the stage's spans' durations clipped to the window; overlap = raw - "
+                "attributed, the double counting that adding durations would do.",
+                style="dim",
+            )
+        )
+    for table in (_blame(data), _prefill(data)):
+        if table is not None:
+            console.print(table)
+    render_quality(s, console)
+    if data.metadata:
+        console.print(_metadata(data.metadata))

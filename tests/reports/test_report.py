@@ -1,0 +1,132 @@
+"""``ttft report``: the HTML report drawn in headless Chromium, and the terminal version."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pyarrow as pa
+import pytest
+from _browser import open_offline, page
+from typer.testing import CliRunner
+
+from ttft.analysis.assemble import assemble
+from ttft.analysis.attribution import attribute
+from ttft.analysis.summary import summarize
+from ttft.collectors.store import read_trace, write_trace
+from ttft.collectors.synthetic import generate
+from ttft.reports.cli import app
+
+PLOTS = ("stage-bars", "ttft-cdf", "waterfall-median", "waterfall-p99", "waterfall-slowest",
+         "blame", "prefill-scaling")
+HOSTILE = '</script><script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    path = tmp_path_factory.mktemp("report") / "synth.parquet"
+    synthetic = generate(400, seed=7)
+    write_trace(path, synthetic.table, synthetic.metadata)
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(trace):
+    out = trace.parent / "report.html"
+    result = CliRunner().invoke(app, ["report", str(trace), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.output.replace("\n", "")
+    return out
+
+
+def _summary(trace):
+    table = read_trace(trace)
+    asm = assemble(table)
+    return summarize(attribute(asm), asm, trace=str(trace))
+
+
+def test_report_draws_every_plot_offline_without_console_errors(report):
+    with page() as pg:
+        errors, refused = open_offline(pg, report)
+        drawn = pg.evaluate(
+            """() => [...document.querySelectorAll('.js-plotly-plot')].map(d => ({
+                id: d.id,
+                svg: d.querySelectorAll('svg.main-svg').length,
+                traces: d.querySelectorAll('g.trace').length,
+                marks: d.querySelectorAll('g.trace path, g.trace .point').length,
+                title: (d.querySelector('.gtitle') || {}).textContent || ''}))"""
+        )
+    assert errors == []
+    assert refused == []  # nothing loaded from the network
+    assert [d["id"] for d in drawn] == list(PLOTS)
+    for d in drawn:
+        assert d["svg"] >= 1 and d["traces"] >= 1 and d["marks"] >= 1, d
+        assert d["title"], d
+
+
+def test_report_headline_matches_the_analysis(trace, report):
+    summary = _summary(trace)
+    page_text = report.read_text()
+    for cond, part in summary["conditions"].items():
+        assert f"{part['ttft_ms']['p50']:,.2f}" in page_text, cond
+        assert f"{part['ttft_ms']['p99']:,.2f}" in page_text, cond
+    assert f"{summary['ttft_ms']['p50']:,.2f}" in page_text
+    assert "mixes cold and prefix_hit" in page_text
+    # The raw-vs-attributed table: the attributed sum is the mean TTFT.
+    mean = summary["ttft_ms"]["mean"]
+    assert f"the mean TTFT is {mean:,.2f} ms" in page_text
+    # plotly's JavaScript is inlined, not fetched.
+    assert not re.search(r"<script[^>]+src=", page_text)
+
+
+def test_hostile_trace_strings_stay_text(tmp_path):
+    synthetic = generate(30, seed=2)
+    table = synthetic.table
+    names = table.column("name").to_pylist()
+    names[0] = HOSTILE
+    table = table.set_column(table.schema.get_field_index("name"), "name", pa.array(names))
+    metadata = dict(synthetic.metadata, note=HOSTILE)
+    path = tmp_path / "hostile.parquet"
+    write_trace(path, table, metadata)
+    out = tmp_path / "hostile.html"
+    result = CliRunner().invoke(app, ["report", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with page() as pg:
+        errors, _ = open_offline(pg, out)
+        pwned = pg.evaluate("() => window.pwned === undefined ? null : window.pwned")
+        text = pg.inner_text("pre")
+    assert pwned is None
+    assert errors == []
+    assert json.loads(text)["note"] == HOSTILE
+
+
+def test_terminal_report_tells_the_same_story(trace):
+    summary = _summary(trace)
+    result = CliRunner().invoke(app, ["report", str(trace)], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    for heading in (
+        "headline",
+        "where TTFT goes",
+        "TTFT distribution",
+        "requests up close",
+        "raw durations against attributed time",
+        "queue blame",
+        "prefill compute",
+        "run metadata",
+    ):
+        assert heading in out, heading
+    for band in ("p50", "p90", "p99", "tail ≥ p99"):
+        assert f"· {band}" in out
+    assert f"{summary['ttft_ms']['p50']:,.2f}" in out
+    for label in ("median", "p99", "slowest"):
+        assert re.search(rf"{label} \((cold|prefix_hit)\)", out), label
+
+
+def test_report_bad_input_is_one_error(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("not parquet")
+    result = CliRunner().invoke(app, ["report", str(bad), "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 2
+    assert "bad.parquet" in result.output
+    assert not (tmp_path / "r.html").exists()
