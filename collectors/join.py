@@ -1,15 +1,15 @@
 """Join a client trace with span files written elsewhere (``ttft join``).
 
 A server's spans may have been received by another process: an OpenTelemetry Collector's
-file exporter (OTLP/JSON, one export request per line), another ``ttft collect``, a
-server's own ``--trace-out``. They join the client's requests by trace id; a server that
-dropped the trace context still joins through the request id the client stored from the
-response (``request_id``), and then its whole trace takes the client's trace id.
+file exporter (OTLP/JSON Lines or protobuf), another ``ttft collect``, a server's own
+``--trace-out``, another tracer's file (Jaeger, Chrome trace). They join the client's
+requests by trace id; a server that dropped the trace context still joins through the
+request id the client stored from the response (``request_id``), and then its whole trace
+takes the client's trace id.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,26 +42,22 @@ class JoinReport:
 
 
 def read_spans(path: str | os.PathLike[str]) -> pa.Table:
-    """Spans from a ttft trace (Parquet file or directory) or OTLP/JSON Lines.
+    """Spans from a ttft trace (Parquet file or directory) or any file an importer reads
+    (OTLP/JSON Lines, OTLP protobuf, ...; `ttft.collectors.importers.read_any`, stages
+    mapped).
 
     Raises:
-        TraceFileError: the file is neither, or a line is not an OTLP export request.
+        TraceFileError: the file cannot be read, or is in no format ttft reads.
     """
     path = Path(path)
     if path.is_dir() or _is_parquet(path):
         return read_trace(path)
-    from ttft.collectors.otlp_receiver import request_to_rows
-    from ttft.collectors.store import to_span_table
+    from ttft.collectors.importers import TraceImportError, read_any
 
-    rows = []
     try:
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    rows.extend(request_to_rows(_otlp_json(line, path, lineno))[0])
-    except OSError as exc:
-        raise TraceFileError(path, exc.strerror or str(exc)) from None
-    return to_span_table(rows)
+        return read_any(path)
+    except TraceImportError as exc:
+        raise TraceFileError(path, exc.reason) from None
 
 
 def _is_parquet(path: Path) -> bool:
@@ -70,20 +66,6 @@ def _is_parquet(path: Path) -> bool:
             return f.read(4) == b"PAR1"
     except OSError as exc:
         raise TraceFileError(path, exc.strerror or str(exc)) from None
-
-
-def _otlp_json(line: bytes, path: Path, lineno: int):
-    from ttft.collectors.otlp_receiver import _parse, _Reject
-
-    try:
-        json.loads(line)
-    except ValueError:
-        raise TraceFileError(path, f"line {lineno}: neither a Parquet trace nor OTLP/JSON "
-                                   "Lines (one ExportTraceServiceRequest per line)") from None
-    try:
-        return _parse(line, "application/json")
-    except _Reject as exc:
-        raise TraceFileError(path, f"line {lineno}: {exc}") from None
 
 
 def join_traces(client: str | os.PathLike[str], others: list[str | os.PathLike[str]],

@@ -1,7 +1,7 @@
 """An OTLP/gRPC trace receiver, and a :class:`Collector` that runs it beside the OTLP/HTTP one.
 
 Spans become rows of ``SPAN_SCHEMA`` exactly as on the HTTP path
-(:func:`ttft.collectors.otlp_receiver.request_to_rows`), so an SDK may export over either
+(:func:`ttft.collectors.otlp_rows.request_to_rows`), so an SDK may export over either
 protocol into the same trace.
 """
 
@@ -15,13 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from ttft.collectors._otlp_common import Sink, as_sink, bearer_ok, export_response
-from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver, request_to_rows
+from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
+from ttft.collectors.otlp_rows import parse_proto_request, request_to_rows
 from ttft.collectors.store import TraceWriter, to_span_table
 
 __all__ = ["EXPORT_METHOD", "Collector", "OTLPGrpcReceiver"]
@@ -194,13 +192,10 @@ class OTLPGrpcReceiver:
                              self._token):
                 raise _Abort(grpc.StatusCode.UNAUTHENTICATED,
                              "missing or wrong bearer token (authorization: Bearer <token>)")
-        request = ExportTraceServiceRequest()
         try:
-            request.ParseFromString(body)
-        except Exception as exc:  # DecodeError, RecursionError, ...
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"message is not a valid protobuf ExportTraceServiceRequest: {exc}"
-                         ) from exc
+            request = parse_proto_request(body)
+        except ValueError as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"message is {exc}") from exc
         rows, errors = request_to_rows(request)
         if rows:
             try:

@@ -2,13 +2,12 @@
 
 Any OpenTelemetry SDK or collector can export to it (``POST /v1/traces``, protobuf or
 OTLP/JSON, optionally gzip); every span becomes rows of ``SPAN_SCHEMA`` under the same
-conventions as :mod:`ttft.collectors.otel_exporter` (DESIGN.md, "The span record").
+conventions as :mod:`ttft.collectors.otel_exporter` (DESIGN.md, "The span record"), by
+:mod:`ttft.collectors.otlp_rows` (whose ``request_to_rows`` is re-exported here).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import threading
@@ -23,12 +22,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from ttft.collectors._otlp_common import Sink, as_sink, bearer_ok, export_response
-from ttft.collectors._spans import ttft_fields
+from ttft.collectors.otlp_rows import parse_json_request, parse_proto_request, request_to_rows
 from ttft.collectors.store import TraceWriter, to_span_table
-from ttft.tracer.schema import ATTR_CLOCK
 
 __all__ = ["MAX_BODY_BYTES", "TRACES_PATH", "OTLPReceiver", "request_to_rows"]
 
@@ -40,8 +37,6 @@ MAX_BODY_BYTES = 32 << 20
 
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
-_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
-_STATUS_NAMES = {1: "OK", 2: "ERROR"}  # OTLP Status.StatusCode, as the SDK's StatusCode names
 _GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
 
 
@@ -52,138 +47,13 @@ class _Reject(Exception):
         self.message = message
 
 
-def _json(value: dict[str, Any]) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _value(value: AnyValue) -> Any:
-    """An OTLP ``AnyValue`` as a JSON-able value (bytes as base64, as OTLP/JSON writes them)."""
-    kind = value.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [_value(item) for item in value.array_value.values]
-    if kind == "kvlist_value":
-        return _attributes(value.kvlist_value.values)
-    if kind == "bytes_value":
-        return base64.b64encode(value.bytes_value).decode()
-    return getattr(value, kind)
-
-
-def _attributes(pairs: Any) -> dict[str, Any]:
-    return {pair.key: _value(pair.value) for pair in pairs}
-
-
-def _event_span_id(span_id: bytes, index: int) -> str:
-    # Deterministic, so a retried export yields the same rows.
-    return hashlib.blake2b(span_id + index.to_bytes(4, "big"), digest_size=8).hexdigest()
-
-
-def _span_rows(span: Any, service: str, default_clock: str) -> list[dict[str, Any]]:
-    if len(span.trace_id) != 16 or not any(span.trace_id):
-        raise ValueError(f"span {span.name!r}: invalid trace id {span.trace_id.hex()!r}")
-    if len(span.span_id) != 8 or not any(span.span_id):
-        raise ValueError(f"span {span.name!r}: invalid span id {span.span_id.hex()!r}")
-    start_ns = span.start_time_unix_nano
-    end_ns = span.end_time_unix_nano or start_ns
-    if end_ns < start_ns:
-        raise ValueError(f"span {span.name!r} ends ({end_ns}) before it starts ({start_ns})")
-    attributes = _attributes(span.attributes)
-    stage, request_id, clock, point = ttft_fields(span.name, attributes, start_ns, end_ns)
-    if span.status.code in _STATUS_NAMES:
-        attributes["otel.status_code"] = _STATUS_NAMES[span.status.code]
-        if span.status.message:
-            attributes["otel.status_description"] = span.status.message
-    if span.links:
-        attributes["links"] = [
-            {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
-             "attributes": _attributes(link.attributes)}
-            for link in span.links
-        ]
-    if point and span.events:
-        attributes["events"] = [
-            {"name": e.name, "timestamp_ns": e.time_unix_nano,
-             "attributes": _attributes(e.attributes)}
-            for e in span.events
-        ]
-    common = {
-        "trace_id": span.trace_id.hex(),
-        "request_id": None if request_id is None else str(request_id),
-        "clock": default_clock if clock is None else str(clock),
-        "service": service,
-    }
-    span_id = span.span_id.hex()
-    rows = [{**common, "span_id": span_id, "parent_id": span.parent_span_id.hex() or None,
-             "name": span.name, "stage": stage, "start_ns": start_ns, "end_ns": end_ns,
-             "attributes": _json(attributes)}]
-    if not point:
-        rows.extend(
-            {**common, "span_id": _event_span_id(span.span_id, index), "parent_id": span_id,
-             "name": event.name, "stage": "event", "start_ns": event.time_unix_nano,
-             "end_ns": event.time_unix_nano, "attributes": _json(_attributes(event.attributes))}
-            for index, event in enumerate(span.events)
-        )
-    return rows
-
-
-def request_to_rows(request: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], list[str]]:
-    """Map every span of an OTLP export request onto span-record rows.
-
-    Conventions are those of :func:`ttft.collectors.otel_exporter.span_to_rows`; ids become
-    lowercase hex; ``service`` is the resource's ``service.name`` (``unknown_service`` if
-    absent); ``clock`` is the span's ``ttft.clock``, else the resource's ``ttft.clock``, else
-    ``host:<host.name>`` of the resource, else ``host:<service>``. Each event of a span
-    becomes a point-event row whose span id is derived from the span's id and the event's
-    index, so exporting the same span twice yields the same rows.
-
-    Returns:
-        The rows, and one message per span that was rejected (a missing or zero trace or
-        span id, or an end before the start); the other spans are still converted.
-    """
-    rows: list[dict[str, Any]] = []
-    errors: list[str] = []
-    for resource_spans in request.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
-        service = str(resource.get("service.name") or "unknown_service")
-        clock = resource.get(ATTR_CLOCK) or "host:" + str(resource.get("host.name") or service)
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                try:
-                    rows.extend(_span_rows(span, service, str(clock)))
-                except ValueError as exc:
-                    errors.append(str(exc))
-    return rows, errors
-
-
-def _hex_ids_to_base64(node: Any) -> None:
-    """OTLP/JSON writes ids as hex; protobuf's JSON parser reads bytes as base64."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _ID_KEYS and isinstance(value, str):
-                try:
-                    node[key] = base64.b64encode(bytes.fromhex(value)).decode()
-                except ValueError:
-                    pass  # not hex: left to the parser, which takes base64 or fails
-            else:
-                _hex_ids_to_base64(value)
-    elif isinstance(node, list):
-        for item in node:
-            _hex_ids_to_base64(item)
-
-
 def _parse(body: bytes, content_type: str) -> ExportTraceServiceRequest:
-    request = ExportTraceServiceRequest()
     try:
         if content_type == _PROTOBUF:
-            request.ParseFromString(body)
-        else:
-            document = json.loads(body)
-            _hex_ids_to_base64(document)
-            json_format.ParseDict(document, request, ignore_unknown_fields=True)
-    except Exception as exc:  # DecodeError, ParseError, ValueError, RecursionError, ...
-        kind = "protobuf" if content_type == _PROTOBUF else "OTLP/JSON"
-        raise _Reject(400, f"body is not a valid {kind} ExportTraceServiceRequest: {exc}") from exc
-    return request
+            return parse_proto_request(body)
+        return parse_json_request(body)
+    except ValueError as exc:
+        raise _Reject(400, f"body is {exc}") from exc
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:

@@ -1,29 +1,69 @@
-"""Reading a trace for a command: one error line (exit code 2) naming the file on failure."""
+"""Reading a trace for a command, in any format ttft imports: one error line (exit code 2)
+naming the file on failure."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pyarrow as pa
+import typer
 
 from ttft.reports._app import fail, progress
 from ttft.tracer.schema import METADATA_KEY
 
+TraceArgument = Annotated[
+    Path,
+    typer.Argument(
+        metavar="TRACE",
+        help="a trace: ttft Parquet (a file or a directory of parts), OTLP JSON Lines or "
+        "protobuf, Jaeger JSON, or Chrome trace JSON (PyTorch profiler)",
+    ),
+]
+FormatOption = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        help="input format: ttft, otlp-json, otlp-proto, jaeger or chrome (default: guessed "
+        "from the file)",
+    ),
+]
+MappingOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--mapping",
+        help="TOML file of extra rules mapping (service, span name, attribute) to a stage; "
+        "they win over the built-in ones for vLLM, SGLang and TGI",
+    ),
+]
 
-def load_trace(path: Path) -> tuple[pa.Table, dict[str, Any]]:
-    """The span table of ``path`` (a file or a directory of parts) and its run metadata.
+
+def load_trace(
+    path: Path, *, format: str | None = None, mapping: Path | None = None
+) -> tuple[pa.Table, dict[str, Any]]:
+    """The span table of ``path`` (a ttft trace file or directory of parts, or a file of
+    another system's format) with stages mapped, and its run metadata.
 
     Raises:
-        typer.Exit: code 2 after printing what was wrong with the file.
+        typer.Exit: code 2 after printing what was wrong with the file or the mapping.
     """
-    from ttft.collectors.store import TraceFileError, read_trace
+    from ttft.collectors.importers import TraceImportError, read_any
 
+    rules = None
+    if mapping is not None:
+        from ttft.collectors.importers.mapping import load_mapping
+
+        try:
+            rules = load_mapping(mapping)
+        except OSError as exc:
+            raise fail(f"{mapping}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     try:
         with progress(f"reading {path}"):
-            table = read_trace(path)
-    except TraceFileError as exc:
+            table = read_any(path, format=format, mapping=rules)
+    except TraceImportError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"{path}: {exc.strerror or exc}") from None

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
+from ttft.reports._load import FormatOption, MappingOption
 from ttft.tracer.schema import BOUNDARY_NAMES, CONDITIONS
 
 _CONFIDENCE = 0.95
@@ -43,6 +44,8 @@ def compare(
     ] = PolicyName["exclusive"],
     resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples per trace")] = 1000,
     seed: Annotated[int, typer.Option(min=0, help="seed of the bootstrap")] = 0,
+    format: FormatOption = None,
+    mapping: MappingOption = None,
 ) -> None:
     """Compare B against A: TTFT and every stage's p50/p90/p99 per condition (all, cold,
     prefix_hit), the delta B - A with a bootstrap 95% confidence interval, flagged when the
@@ -53,7 +56,7 @@ def compare(
     from ttft.analysis.compare import regressions
     from ttft.reports._load import load_trace
 
-    tables = [load_trace(path)[0] for path in (a, b)]
+    tables = [load_trace(path, format=format, mapping=mapping)[0] for path in (a, b)]
     with progress("assembling requests"):
         asms = [assemble(table) for table in tables]
     chosen = boundary.value if boundary else _common_boundary(asms, (a, b))

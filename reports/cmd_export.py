@@ -8,13 +8,12 @@ from typing import Annotated
 import typer
 
 from ttft.reports._app import app, err, fail, progress
+from ttft.reports._load import FormatOption, MappingOption, TraceArgument
 
 
 @app.command()
 def export(
-    trace: Annotated[
-        Path, typer.Argument(metavar="TRACE", help="a trace file or a directory of part files")
-    ],
+    trace: TraceArgument,
     perfetto: Annotated[
         Path | None,
         typer.Option(
@@ -31,6 +30,8 @@ def export(
             "them (0: all; large exports make the UI slow)",
         ),
     ] = 100,
+    format: FormatOption = None,
+    mapping: MappingOption = None,
 ) -> None:
     """Export requests as a timeline: a process per service and clock, one track per
     request (overlapping spans on separate lanes), GPU work per device, the boundary
@@ -40,7 +41,7 @@ def export(
 
     if perfetto is None:
         raise fail("nothing to export: give --perfetto OUT.json")
-    table, _ = load_trace(trace)
+    table, _ = load_trace(trace, format=format, mapping=mapping)
     with progress(f"exporting {table.num_rows:,} spans"):
         count = len(request_traces(table, requests))
         events = perfetto_events(table, requests=requests)

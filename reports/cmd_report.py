@@ -10,13 +10,12 @@ from typing import Annotated
 import typer
 
 from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
+from ttft.reports._load import FormatOption, MappingOption, TraceArgument
 
 
 @app.command()
 def report(
-    trace: Annotated[
-        Path, typer.Argument(metavar="TRACE", help="a trace file or a directory of part files")
-    ],
+    trace: TraceArgument,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -33,6 +32,8 @@ def report(
     policy: Annotated[
         PolicyName, typer.Option(help="how overlapping spans share a segment")
     ] = PolicyName["exclusive"],
+    format: FormatOption = None,
+    mapping: MappingOption = None,
 ) -> None:
     """Where each request's TTFT went: headline per condition, stage stacks at p50/p90/p99
     and the tail, the TTFT CDF, waterfalls of the median, p99 and slowest requests, queue
@@ -42,7 +43,7 @@ def report(
     from ttft.reports._load import load_trace
 
     started = time.perf_counter()
-    table, metadata = load_trace(trace)
+    table, metadata = load_trace(trace, format=format, mapping=mapping)
     with progress(f"analyzing {table.num_rows:,} spans"):
         data = report_data.build(
             table,

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
+from ttft.reports._load import FormatOption, MappingOption, TraceArgument
 from ttft.tracer.schema import SCHEMA_VERSION
 
 
@@ -49,9 +50,7 @@ def synth(
 
 @app.command()
 def analyze(
-    trace: Annotated[
-        Path, typer.Argument(metavar="TRACE", help="a trace file or a directory of part files")
-    ],
+    trace: TraceArgument,
     boundary: Annotated[
         BoundaryName | None,
         typer.Option(help="TTFT boundary (default: the outermost the trace supports)"),
@@ -64,6 +63,8 @@ def analyze(
         Path | None,
         typer.Option(help="write one row per request and stage to this Parquet file"),
     ] = None,
+    format: FormatOption = None,
+    mapping: MappingOption = None,
 ) -> None:
     """Split every request's TTFT into stages that sum exactly to it, and summarize them
     per stage and per condition (cold, prefix_hit), with the data-quality defects found."""
@@ -72,7 +73,7 @@ def analyze(
     from ttft.analysis.summary import summarize
     from ttft.reports._load import load_trace
 
-    table, metadata = load_trace(trace)
+    table, metadata = load_trace(trace, format=format, mapping=mapping)
     with progress(f"attributing {table.num_rows:,} spans"):
         asm = assemble(table)
         result = attribute(asm, boundary.value if boundary else None, policy.value)

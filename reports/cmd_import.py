@@ -1,0 +1,52 @@
+"""``ttft import``: convert another system's trace file into a ttft Parquet trace."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ttft.reports._app import app, err, fail, progress
+from ttft.reports._load import FormatOption, MappingOption, TraceArgument, load_trace
+
+
+@app.command("import")
+def import_trace(
+    trace: TraceArgument,
+    out: Annotated[Path, typer.Option("-o", "--out", help="ttft trace to write (.parquet)")],
+    format: FormatOption = None,
+    mapping: MappingOption = None,
+) -> None:
+    """Read a trace of another system (OTLP JSON Lines or protobuf from an OpenTelemetry
+    Collector, Jaeger JSON, Chrome trace JSON from the PyTorch profiler), map its span names
+    onto ttft's stages (built-in rules for vLLM, SGLang and TGI, plus --mapping), and write
+    it as one ttft Parquet trace. ttft analyze, report and export also read these files
+    directly; importing once saves parsing them again."""
+    from ttft.collectors.store import write_trace
+
+    if out.resolve() == trace.resolve():
+        raise fail(f"{out}: the output would overwrite the input")
+    started = time.perf_counter()
+    table, metadata = load_trace(trace, format=format, mapping=mapping)
+    try:
+        with progress(f"writing {out}"):
+            write_trace(out, table, metadata)
+    except OSError as exc:
+        raise fail(f"{out}: cannot write ({exc.strerror or exc})") from None
+    stages = Counter(table.column("stage").to_pylist())
+    traces = len(set(table.column("trace_id").to_pylist()))
+    mapped = ", ".join(f"{stage} {n:,}" for stage, n in stages.most_common())
+    err.print(
+        f"read {trace} ({metadata.get('source_format', 'ttft')}): {table.num_rows:,} rows in "
+        f"{traces:,} traces ({mapped}); wrote {out} in {time.perf_counter() - started:.1f} s",
+        soft_wrap=True,
+    )
+    if stages.get("other", 0) == table.num_rows and table.num_rows:
+        err.print(
+            "[yellow]note:[/yellow] no span name matched a stage; add rules with --mapping "
+            "(see README, \"Importing traces\")",
+            soft_wrap=True,
+        )
