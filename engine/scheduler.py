@@ -39,6 +39,7 @@ import torch
 
 from ttft.engine.kv_cache import PagedKVCache, Seq
 from ttft.engine.model import Transformer, decode_step, prefill_chunk
+from ttft.engine.peaks import record_engine_info
 from ttft.engine.prefix_cache import PrefixCache
 from ttft.engine.sampler import SamplingParams, make_generator, sample, sample_batch
 from ttft.engine.tokenizer import Tokenizer
@@ -232,10 +233,16 @@ class Engine:
 
     ``start()`` before ``submit``; ``stop()`` ends the worker (or use ``with Engine(...)``).
     ``cache`` and ``prefix_cache`` belong to the worker: read them only for statistics.
+    ``device_info`` is the device dict of the ``engine_info`` event once started.
     """
 
     def __init__(
-        self, model: Transformer, tokenizer: Tokenizer, config: EngineConfig | None = None
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        config: EngineConfig | None = None,
+        *,
+        measure_peaks: bool | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -250,6 +257,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._hooks: Any = None
         self._step_ids = itertools.count()
+        self.measure_peaks = measure_peaks
+        self.device_info: dict[str, Any] | None = None
 
     def run_metadata(self) -> dict[str, Any]:
         """What a trace file should record about this engine (DESIGN.md: run metadata):
@@ -273,12 +282,16 @@ class Engine:
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> Engine:
-        """Instrument the model (``forward`` spans) and start the worker thread."""
+        """Instrument the model (``forward`` spans), record the ``engine_info`` event
+        (model config and device, with peaks measured once per process when tracing is
+        configured, unless ``measure_peaks`` says otherwise or ``TTFT_SKIP_PEAKS=1``; see
+        ``ttft.engine.peaks``) and start the worker thread."""
         if self._thread is not None:
             raise RuntimeError("engine already started")
         from ttft.tracer.torch_hooks import instrument_module
 
         self._hooks = instrument_module(self.model)
+        self.device_info = record_engine_info(self.model, self.measure_peaks)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ttft-engine", daemon=True)
         self._thread.start()

@@ -106,8 +106,12 @@ def build_engine(
     max_queue: int = 64,
     inject_delay_ms: dict[str, float] | None = None,
     tokenizer_cache_dir: str | None = None,
+    measure_peaks: bool | None = None,
 ) -> Engine:
     """A (not yet started) engine over a random-weight model of preset ``model``.
+
+    ``measure_peaks``: measure the device's peaks at start-up for the ``engine_info``
+    event (``Engine.start``); None measures only when tracing is configured.
 
     Raises:
         ValueError: unknown preset or an invalid engine configuration.
@@ -122,7 +126,7 @@ def build_engine(
         max_running=min(16, max_batch_tokens),
         inject_delay_ms=dict(inject_delay_ms or {}),
     )
-    return Engine(net, tokenizer, engine_config)
+    return Engine(net, tokenizer, engine_config, measure_peaks=measure_peaks)
 
 
 # -- errors ----------------------------------------------------------------------------

@@ -262,3 +262,59 @@ def prefill_scaling(data: ReportData) -> go.Figure | None:
         height=480,
     )
     return fig
+
+
+def roofline(data: ReportData) -> go.Figure | None:
+    """Each prefill chunk at its arithmetic intensity and achieved FLOP/s, per condition,
+    under the traced device's roofline min(peak FLOP/s, intensity × bandwidth)."""
+    found = data.regime
+    if found is None or found.frame is None or found.frame.empty:
+        return None
+    frame = found.frame
+    fig = go.Figure()
+    for cond in sorted(set(frame["condition"].dropna())) or [None]:
+        part = frame if cond is None else frame[frame["condition"] == cond]
+        fig.add_scatter(
+            x=part["intensity"],
+            y=part["achieved_flops_per_s"] / 1e12,
+            mode="markers",
+            name=f"{cond or 'chunks'} (n={len(part):,})",
+            marker=dict(size=7, opacity=0.7),
+            customdata=np.stack([part["chunk_tokens"], part["context_before"]], axis=1),
+            hovertemplate="%{customdata[0]:,} tokens after %{customdata[1]:,} in context"
+            "<br>%{x:,.1f} FLOP/B<br>%{y:,.4f} TFLOP/s<extra></extra>",
+        )
+    peaks = found.peaks
+    if peaks is not None:
+        lo = float(frame["intensity"].min()) / 2
+        hi = max(float(frame["intensity"].max()) * 2, peaks.ridge * 2)
+        x = np.geomspace(max(lo, 1e-3), hi, 200)
+        fig.add_scatter(
+            x=x,
+            y=np.minimum(peaks.flops_per_s, x * peaks.bytes_per_s) / 1e12,
+            mode="lines",
+            line=dict(color="#111", width=2),
+            name=f"roofline: {peaks.flops_per_s / 1e12:,.3g} TFLOP/s, "
+            f"{peaks.bytes_per_s / 1e9:,.3g} GB/s ({peaks.source})",
+            hoverinfo="skip",
+        )
+        # A trace, not add_vline: plotly places shape annotations on log axes at 10**x.
+        top = max(peaks.flops_per_s, float(frame["achieved_flops_per_s"].max())) / 1e12
+        fig.add_scatter(
+            x=[peaks.ridge, peaks.ridge],
+            y=[top / 1e3, top],
+            mode="lines",
+            line=dict(color="#888", dash="dot", width=1),
+            name=f"ridge {peaks.ridge:,.3g} FLOP/B (compute-bound to its right)",
+            hoverinfo="skip",
+        )
+    device = peaks.device if peaks is not None else found.device_name or "unknown device"
+    fig.update_layout(
+        _LAYOUT,
+        title=f"Prefill chunks on the roofline of {device}",
+        xaxis=dict(type="log", title="arithmetic intensity (FLOP per byte moved)"),
+        yaxis=dict(type="log", title="achieved TFLOP/s"),
+        legend=dict(orientation="h", y=-0.22),
+        height=480,
+    )
+    return fig

@@ -69,3 +69,32 @@ def load_trace(
         raise fail(f"{path}: {exc.strerror or exc}") from None
     metadata = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
     return table, metadata
+
+
+RegimeFlag = Annotated[
+    bool,
+    typer.Option(
+        "--regime",
+        help="also show each prefill chunk's roofline regime (FLOPs and bytes from the model "
+        "shape against the traced device's peaks)",
+    ),
+]
+PeakTflopsOption = Annotated[
+    float | None,
+    typer.Option(
+        min=0.0,
+        help="peak FLOP/s of the traced device, in TFLOP/s, when the "
+        "trace has no measured peaks and its device is not a known GPU",
+    ),
+]
+PeakBandwidthOption = Annotated[
+    float | None,
+    typer.Option(min=0.0, help="peak memory bandwidth of the traced device, in GB/s"),
+]
+ModelConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="the model's config as JSON (a Hugging Face config.json or ttft "
+        "ModelConfig fields, with dtype) when the trace does not carry it"
+    ),
+]

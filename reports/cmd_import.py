@@ -47,6 +47,6 @@ def import_trace(
     if stages.get("other", 0) == table.num_rows and table.num_rows:
         err.print(
             "[yellow]note:[/yellow] no span name matched a stage; add rules with --mapping "
-            "(see README, \"Importing traces\")",
+            '(see README, "Importing traces")',
             soft_wrap=True,
         )

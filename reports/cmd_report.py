@@ -10,7 +10,14 @@ from typing import Annotated
 import typer
 
 from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
-from ttft.reports._load import FormatOption, MappingOption, TraceArgument
+from ttft.reports._load import (
+    FormatOption,
+    MappingOption,
+    ModelConfigOption,
+    PeakBandwidthOption,
+    PeakTflopsOption,
+    TraceArgument,
+)
 
 
 @app.command()
@@ -34,11 +41,14 @@ def report(
     ] = PolicyName["exclusive"],
     format: FormatOption = None,
     mapping: MappingOption = None,
+    peak_tflops: PeakTflopsOption = None,
+    peak_bandwidth_gbs: PeakBandwidthOption = None,
+    model_config: ModelConfigOption = None,
 ) -> None:
     """Where each request's TTFT went: headline per condition, stage stacks at p50/p90/p99
     and the tail, the TTFT CDF, waterfalls of the median, p99 and slowest requests, queue
-    blame, prefill scaling with its fit, raw durations against attributed time, data
-    quality and the run's metadata."""
+    blame, prefill scaling with its fit, each prefill chunk on the traced device's roofline,
+    raw durations against attributed time, data quality and the run's metadata."""
     from ttft.reports import report_data
     from ttft.reports._load import load_trace
 
@@ -51,6 +61,11 @@ def report(
             trace=str(trace),
             boundary=boundary.value if boundary else None,
             policy=policy.value,
+            regime_flags={
+                "model_config": model_config,
+                "peak_tflops": peak_tflops,
+                "peak_bandwidth_gbs": peak_bandwidth_gbs,
+            },
         )
     if out is None:
         from ttft.reports.terminal_report import render_report

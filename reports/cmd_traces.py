@@ -11,7 +11,15 @@ from typing import Annotated
 import typer
 
 from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
-from ttft.reports._load import FormatOption, MappingOption, TraceArgument
+from ttft.reports._load import (
+    FormatOption,
+    MappingOption,
+    ModelConfigOption,
+    PeakBandwidthOption,
+    PeakTflopsOption,
+    RegimeFlag,
+    TraceArgument,
+)
 from ttft.tracer.schema import SCHEMA_VERSION
 
 
@@ -65,9 +73,14 @@ def analyze(
     ] = None,
     format: FormatOption = None,
     mapping: MappingOption = None,
+    regime: RegimeFlag = False,
+    peak_tflops: PeakTflopsOption = None,
+    peak_bandwidth_gbs: PeakBandwidthOption = None,
+    model_config: ModelConfigOption = None,
 ) -> None:
     """Split every request's TTFT into stages that sum exactly to it, and summarize them
-    per stage and per condition (cold, prefix_hit), with the data-quality defects found."""
+    per stage and per condition (cold, prefix_hit), with the data-quality defects found;
+    with --regime, also whether each prefill chunk was compute- or memory-bound."""
     from ttft.analysis.assemble import assemble
     from ttft.analysis.attribution import attribute
     from ttft.analysis.summary import summarize
@@ -93,9 +106,49 @@ def analyze(
             )
         except OSError as exc:
             raise fail(f"{per_request}: cannot write ({exc.strerror or exc})") from None
+    found = None
+    if regime:
+        from ttft.reports.regime_view import compute_regime
+
+        with progress("computing the prefill regime"):
+            found = compute_regime(
+                table,
+                metadata,
+                model_config=model_config,
+                peak_tflops=peak_tflops,
+                peak_bandwidth_gbs=peak_bandwidth_gbs,
+            )
     if as_json:
+        if found is not None:
+            summary["regime"] = _regime_json(found)
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
         return
     from ttft.reports.terminal import render_analysis
 
-    render_analysis(summary, stdout_console())
+    console = stdout_console()
+    render_analysis(summary, console)
+    if found is not None:
+        from ttft.reports.regime_view import render_regime
+
+        render_regime(
+            found.frame, found.summary, found.peaks, console, device_name=found.device_name
+        )
+
+
+def _regime_json(found) -> dict:
+    """The ``regime`` key of ``analyze --json --regime``: the peaks used (or null) and the
+    summary rows (an empty list without a model shape); NaN becomes null."""
+    peaks = found.peaks
+    rows = [] if found.summary is None else json.loads(found.summary.to_json(orient="records"))
+    return {
+        "peaks": None
+        if peaks is None
+        else {
+            "flops_per_s": peaks.flops_per_s,
+            "bytes_per_s": peaks.bytes_per_s,
+            "device": peaks.device,
+            "source": peaks.source,
+        },
+        "model_known": found.frame is not None,
+        "rows": rows,
+    }

@@ -119,6 +119,47 @@ def _raw_table(data: ReportData) -> str:
     )
 
 
+def _regime_missing(data: ReportData) -> str:
+    found = data.regime
+    if found is None or found.frame is None:
+        return (
+            "The trace does not say which model it ran (no model_config in its metadata, no "
+            "engine_info event): pass --model-config FILE.json to see each prefill chunk's "
+            "regime."
+        )
+    return "The trace has no prefill.chunk spans."
+
+
+def _regime_table(data: ReportData) -> str:
+    found = data.regime
+    if found is None or found.summary is None or found.summary.empty:
+        return ""
+    rows = []
+    for r in found.summary.itertuples(index=False):
+        pct = f"{r.roofline_fraction:.0%}" if r.roofline_fraction == r.roofline_fraction else "-"
+        rows.append(
+            f"<tr><td>{_e(r.condition)}</td><td>{_e(r.chunk_bucket)}</td><td>{r.chunks:,}</td>"
+            f"<td>{r.median_intensity:,.3g}</td><td>{_e(r.bound or '-')}</td><td>{pct}</td>"
+            f"<td>{r.achieved_flops_per_s / 1e9:,.3g}</td></tr>"
+        )
+    if found.peaks is None:
+        where = (
+            "No peaks for this device (none measured in the trace, not a known GPU): pass "
+            "--peak-tflops and --peak-bandwidth-gbs to place the chunks against a roofline."
+        )
+    else:
+        where = (
+            f"Peaks: {found.peaks.flops_per_s / 1e12:,.3g} TFLOP/s and "
+            f"{found.peaks.bytes_per_s / 1e9:,.3g} GB/s, {_e(found.peaks.device)} "
+            f"({_e(found.peaks.source)}); never taken from the machine making this report."
+        )
+    return (
+        "<table><tr><th>condition</th><th>chunk tokens</th><th>chunks</th>"
+        "<th>median FLOP/B</th><th>bound</th><th>of roofline</th><th>achieved GFLOP/s</th>"
+        f'</tr>{"".join(rows)}</table><p class="note">{where}</p>'
+    )
+
+
 def _quality(data: ReportData) -> str:
     counts = {k: v for k, v in data.summary["quality"].items() if v}
     examples = data.attribution.quality.examples
@@ -200,6 +241,9 @@ def render_html(data: ReportData) -> str:
             "prefill-scaling",
             "No prefill.chunk spans with chunk_tokens in this trace.",
         ),
+        "<h2>Prefill regime</h2>",
+        _figure(_figures.roofline(data), "roofline", _regime_missing(data)),
+        _regime_table(data),
         "<h2>Raw durations against attributed time</h2>",
         _raw_table(data),
         "<h2>Data quality</h2>",

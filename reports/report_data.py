@@ -21,6 +21,7 @@ from ttft.analysis import prefill as prefill_mod
 from ttft.analysis.assemble import Assembly, assemble
 from ttft.analysis.attribution import Attribution, attribute
 from ttft.analysis.summary import percentile_bands, summarize
+from ttft.reports.regime_view import RegimeResult, compute_regime
 from ttft.tracer.schema import ATTR_STEP_ID, BOUNDARY_EVENTS, CONDITIONS, SCHEMA_VERSION
 
 _NS_PER_MS = 1e6
@@ -64,6 +65,7 @@ class ReportData:
     blame: pd.DataFrame
     prefill_points: pd.DataFrame
     prefill_fits: dict[str, prefill_mod.QuadraticFit]
+    regime: RegimeResult | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -81,8 +83,14 @@ def build(
     trace: str,
     boundary: str | None = None,
     policy: str = "exclusive",
+    regime_flags: dict[str, Any] | None = None,
 ) -> ReportData:
-    """Run every analysis the report shows on ``table`` (a span table)."""
+    """Run every analysis the report shows on ``table`` (a span table).
+
+    Args:
+        regime_flags: keyword arguments of `ttft.reports.regime_view.compute_regime`
+            (``model_config``, ``peak_tflops``, ``peak_bandwidth_gbs``).
+    """
     asm = assemble(table)
     attr = attribute(asm, boundary, policy)
     summary = summarize(
@@ -111,6 +119,7 @@ def build(
         blame=blame_mod.blame_summary(blame_mod.blame(table)),
         prefill_points=points,
         prefill_fits=prefill_mod.prefill_fits(points),
+        regime=compute_regime(table, metadata, **(regime_flags or {})),
     )
 
 

@@ -221,6 +221,13 @@ def render_report(data: ReportData, console: Console) -> None:
     for table in (_blame(data), _prefill(data)):
         if table is not None:
             console.print(table)
+    found = data.regime
+    if found is not None:
+        from ttft.reports.regime_view import render_regime
+
+        render_regime(
+            found.frame, found.summary, found.peaks, console, device_name=found.device_name
+        )
     render_quality(s, console)
     if data.metadata:
         console.print(_metadata(data.metadata))

@@ -17,8 +17,15 @@ from ttft.collectors.store import read_trace, write_trace
 from ttft.collectors.synthetic import generate
 from ttft.reports.cli import app
 
-PLOTS = ("stage-bars", "ttft-cdf", "waterfall-median", "waterfall-p99", "waterfall-slowest",
-         "blame", "prefill-scaling")
+PLOTS = (
+    "stage-bars",
+    "ttft-cdf",
+    "waterfall-median",
+    "waterfall-p99",
+    "waterfall-slowest",
+    "blame",
+    "prefill-scaling",
+)
 HOSTILE = '</script><script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
 
 
@@ -130,3 +137,87 @@ def test_report_bad_input_is_one_error(tmp_path):
     assert result.exit_code == 2
     assert "bad.parquet" in result.output
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    """A ``ttft profile-prefill`` trace of the tiny model: prefill chunks, the model config
+    and the peaks measured on this machine in its metadata, no requests."""
+    path = tmp_path_factory.mktemp("profile") / "profile.parquet"
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile-prefill",
+            "--model",
+            "tiny",
+            "--lengths",
+            "32,64",
+            "--chunk-sizes",
+            "32",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "-o",
+            str(path),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_report_draws_the_roofline_of_a_profile(profile, tmp_path):
+    out = tmp_path / "profile.html"
+    result = CliRunner().invoke(app, ["report", str(profile), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with page() as pg:
+        errors, _ = open_offline(pg, out)
+        marks = pg.evaluate("() => document.querySelectorAll('#roofline g.trace .point').length")
+    assert errors == []
+    chunks = read_trace(profile).column("stage").to_pylist().count("prefill.chunk")
+    assert marks == chunks > 0  # one mark per chunk
+    assert "measured)" in out.read_text()  # the roofline's peaks come from the trace
+
+
+def test_analyze_regime_takes_model_and_peaks_from_flags(trace, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 8,
+                "hidden_size": 512,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "intermediate_size": 1536,
+                "vocab_size": 4096,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    args = ["analyze", str(trace), "--regime", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["regime"] == {"peaks": None, "model_known": False, "rows": []}
+    result = CliRunner().invoke(
+        app,
+        [
+            *args,
+            "--model-config",
+            str(config),
+            "--peak-tflops",
+            "100",
+            "--peak-bandwidth-gbs",
+            "2000",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    regime = json.loads(result.stdout)["regime"]
+    assert regime["peaks"]["source"] == "flags"
+    assert regime["peaks"]["flops_per_s"] == 100e12
+    assert regime["model_known"] is True
+    assert {r["bound"] for r in regime["rows"]} <= {"compute", "memory"}
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    result = CliRunner().invoke(app, [*args, "--model-config", str(bad)])
+    assert result.exit_code == 2
+    assert "bad.json" in result.stderr

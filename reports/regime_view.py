@@ -1,0 +1,184 @@
+"""The prefill regime in the terminal: per condition and chunk-size bucket, intensity
+against the ridge, the bound, achieved FLOP/s and the fraction of the roofline; and a
+line naming where the peaks came from, or what is missing and which flags supply it."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+from ttft.analysis.regime import Peaks
+
+__all__ = [
+    "RegimeResult",
+    "compute_regime",
+    "fmt_bound",
+    "fmt_si",
+    "peaks_line",
+    "render_regime",
+]
+
+_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+_SOURCES = {
+    "measured": "measured on the traced machine",
+    "known-gpu": "from the known-GPU datasheet table",
+    "flags": "from the command-line flags",
+}
+_CONDITION_LABEL = {"all": "all (mixes cold and prefix_hit)"}
+
+
+def fmt_si(value: float, unit: str) -> str:
+    """``value`` with an SI prefix and three significant digits: ``221 GFLOP/s``."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    for scale, prefix in _PREFIXES:
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def fmt_bound(bound: str | None, fraction: float) -> str:
+    """``compute 41%`` (markup coloured by bound), ``-`` when unknown."""
+    if bound is None:
+        return "-"
+    pct = f" {fraction:.0%}" if fraction is not None and math.isfinite(fraction) else ""
+    return f"[{'cyan' if bound == 'compute' else 'magenta'}]{bound}[/]{pct}"
+
+
+def peaks_line(peaks: Peaks) -> str:
+    """``peaks: 989 TFLOP/s, 3.35 TB/s (ridge 295 FLOP/B), <device>, <where from>``."""
+    return (
+        f"peaks: {fmt_si(peaks.flops_per_s, 'FLOP/s')}, {fmt_si(peaks.bytes_per_s, 'B/s')} "
+        f"(ridge {peaks.ridge:.3g} FLOP/B), {peaks.device}, "
+        f"{_SOURCES.get(peaks.source, peaks.source)}"
+    )
+
+
+def render_regime(
+    frame: pd.DataFrame | None,
+    summary: pd.DataFrame | None,
+    peaks: Peaks | None,
+    console: Console,
+    *,
+    device_name: str | None = None,
+) -> None:
+    """Print the regime table of `ttft.analysis.regime.regime_summary`.
+
+    Args:
+        frame: `regime`'s per-chunk frame; None when the trace's model is not known.
+        summary: `regime_summary` of ``frame``.
+        peaks: the roofline used; None when neither the trace nor the flags give one.
+        device_name: the traced device's name, for the message when peaks are missing.
+    """
+    if frame is None:
+        console.print(
+            "[yellow]regime: the trace does not say which model it ran (no model_config "
+            "in its metadata, no engine_info event); pass --model-config FILE.json (a "
+            "Hugging Face config.json or ttft ModelConfig fields, with dtype)[/yellow]"
+        )
+    if peaks is None:
+        device = f"device {device_name!r}" if device_name else "the device"
+        console.print(
+            f"[yellow]regime: no peaks for {device}: the trace has no measured peaks and "
+            "the name is not in the known-GPU table; pass --peak-tflops and "
+            "--peak-bandwidth-gbs[/yellow]"
+        )
+    if frame is None:
+        return
+    if frame.empty or summary is None or summary.empty:
+        console.print("[yellow]regime: the trace has no prefill.chunk spans[/yellow]")
+        return
+    table = Table(title="prefill regime (per chunk: FLOPs and bytes from the model shape)")
+    for name in ("condition", "chunk tokens", "chunks", "tokens", "median FLOP/B", "ridge",
+                 "regime", "compute-bound", "achieved"):  # fmt: skip
+        table.add_column(name, justify="left" if name in ("condition", "regime") else "right")
+    for r in summary.itertuples(index=False):
+        table.add_row(
+            _CONDITION_LABEL.get(r.condition, r.condition),
+            r.chunk_bucket,
+            f"{r.chunks:,}",
+            f"{r.tokens:,}",
+            f"{r.median_intensity:.3g}",
+            "-" if not math.isfinite(r.ridge) else f"{r.ridge:.3g}",
+            fmt_bound(r.bound, r.roofline_fraction),
+            "-" if peaks is None else f"{r.compute_bound_share:.0%}",
+            fmt_si(r.achieved_flops_per_s, "FLOP/s"),
+        )
+    console.print(table)
+    console.print(
+        "regime: compute-bound when FLOP/B reaches the ridge; the % is achieved FLOP/s over "
+        "the roofline's attainable min(peak, FLOP/B × bandwidth)"
+    )
+    if peaks is not None:
+        console.print(peaks_line(peaks))
+
+
+@dataclass
+class RegimeResult:
+    """What the regime view needs: per-chunk frame and summary (None without a model
+    shape), the peaks (None without any) and the device's name."""
+
+    frame: pd.DataFrame | None
+    summary: pd.DataFrame | None
+    peaks: Peaks | None
+    device_name: str | None
+
+
+def compute_regime(
+    table: pa.Table,
+    metadata: dict[str, Any],
+    *,
+    model_config: Path | None = None,
+    peak_tflops: float | None = None,
+    peak_bandwidth_gbs: float | None = None,
+) -> RegimeResult:
+    """The regime of a trace's prefill chunks: the model from ``model_config`` (a JSON
+    file) or the trace, the peaks from the trace (measured, else a known GPU's) or the
+    flags; never from the machine running this.
+
+    Raises:
+        typer.Exit: code 2 when ``model_config`` cannot be read or is not a model config.
+    """
+    from ttft.analysis.regime import (
+        ModelShape,
+        find_model_and_device,
+        find_peaks,
+        regime,
+        regime_summary,
+    )
+    from ttft.reports._app import fail
+
+    model, device = find_model_and_device(table, metadata)
+    if model_config is not None:
+        try:
+            model = json.loads(model_config.read_text())
+        except OSError as exc:
+            raise fail(f"{model_config}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise fail(f"{model_config}: not JSON ({exc})") from None
+        if not isinstance(model, dict):
+            raise fail(f"{model_config}: expected a JSON object of model config fields")
+    shape = None
+    if model is not None:
+        try:
+            shape = ModelShape.from_dict(model)
+        except (ValueError, TypeError) as exc:
+            where = model_config or "the trace's model config"
+            raise fail(f"{where}: {exc}") from None
+    flags = {}
+    if peak_tflops is not None:
+        flags["peak_flops_per_s"] = peak_tflops * 1e12
+    if peak_bandwidth_gbs is not None:
+        flags["peak_bytes_per_s"] = peak_bandwidth_gbs * 1e9
+    peaks = find_peaks({"device": device} if device else {}, flags)
+    frame = regime(table, shape, peaks) if shape is not None else None
+    summary = regime_summary(frame) if frame is not None else None
+    return RegimeResult(frame, summary, peaks, (device or {}).get("name"))

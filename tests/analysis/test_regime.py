@@ -1,0 +1,200 @@
+"""Prefill regime: the cost model on a hand-computed config, the roofline placement, where
+peaks and the model come from, and the per-chunk frame and its summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import socket
+
+import numpy as np
+import pytest
+from _build import event, row, table, tid
+
+from ttft.analysis.regime import (
+    FRAME_COLUMNS,
+    KNOWN_GPUS,
+    SUMMARY_COLUMNS,
+    ModelShape,
+    Peaks,
+    chunk_bucket,
+    chunk_cost,
+    find_model_and_device,
+    find_peaks,
+    known_gpu,
+    regime,
+    regime_summary,
+)
+from ttft.engine.model import ModelConfig
+
+# 1 layer, d_model 4, 2 heads of 2, 1 K/V head, SwiGLU 8 wide, vocab 10, 2-byte weights.
+HAND = ModelShape(n_layer=1, d_model=4, n_head=2, n_kv_head=1, d_ff=8, vocab=10, dtype_bytes=2)
+BASE = ModelShape.from_dict({**dataclasses.asdict(ModelConfig.preset("base")), "dtype": "bf16"})
+H100 = Peaks(989e12, 3.35e12, "NVIDIA H100 80GB HBM3", "known-gpu")
+
+
+def test_chunk_cost_of_a_hand_computed_config():
+    # layer params: wq 4·4 + wo 4·4 + wk 4·2 + wv 4·2 + w1, w3, w2 3·4·8 = 144
+    assert HAND.layer_params == 144
+    # 3 tokens after 5 cached: pairs 3·5 + 3·4/2 = 21
+    flops = 2 * 144 * 3 + 4 * 2 * 2 * 21 + 2 * 4 * 10  # projections, attention, head
+    weights = 144 + 2 * 4 + 4 + 4 * 10  # layer, its 2 norms, final norm, output head
+    kv = (5 + 3) * 2 * 1 * 2  # read 5 and write 3 positions of K and V, 1 head of 2
+    per_token = (7 * 4 + 4 * 4 + 2 * 2 + 3 * 8) + 4  # GEMM/attention operands, embedding
+    activations = 3 * per_token + 4 + 10  # plus the head's input and logits
+    assert (flops, 2 * (weights + kv + activations)) == (1280, 940)
+    assert chunk_cost(HAND, 3, 5) == (1280, 940)
+
+
+def test_from_dict_reads_engine_and_hugging_face_names():
+    engine = {"n_layer": 1, "d_model": 4, "n_head": 2, "n_kv_head": 1, "d_ff": 8,
+              "vocab_size": 10, "max_seq_len": 512, "dtype": "bfloat16"}  # fmt: skip
+    hf = {"num_hidden_layers": 1, "hidden_size": 4, "num_attention_heads": 2,
+          "num_key_value_heads": 1, "intermediate_size": 8, "vocab_size": 10,
+          "torch_dtype": "float16", "architectures": ["LlamaForCausalLM"]}  # fmt: skip
+    assert ModelShape.from_dict(engine) == HAND
+    assert ModelShape.from_dict(hf) == HAND
+    assert ModelShape.from_dict({**hf, "torch_dtype": None}, dtype="torch.float32").dtype_bytes == 4
+    no_kv = {k: v for k, v in hf.items() if k != "num_key_value_heads"}
+    assert ModelShape.from_dict(no_kv).n_kv_head == 2  # multi-head attention
+    assert ModelShape.from_dict({**hf, "head_dim": 8}).layer_params == 2 * 4 * 16 + 2 * 4 * 8 + 96
+    with pytest.raises(ValueError, match="dtype / torch_dtype"):
+        ModelShape.from_dict({k: v for k, v in engine.items() if k != "dtype"})
+    with pytest.raises(ValueError, match="unknown dtype 'int3'"):
+        ModelShape.from_dict(engine, dtype="int3")
+
+
+def test_intensity_grows_with_chunk_tokens():
+    intensity = [np.divide(*chunk_cost(BASE, t, 1024)) for t in (1, 4, 16, 64, 256, 1024, 4096)]
+    assert intensity == sorted(intensity) and len(set(intensity)) == len(intensity)
+
+
+def test_large_chunk_is_compute_bound_and_one_token_memory_bound_on_an_h100():
+    big = np.divide(*chunk_cost(BASE, 2048, 0))
+    one = np.divide(*chunk_cost(BASE, 1, 2048))
+    assert big > H100.ridge > one
+    assert one < 2  # a decode-like chunk reads every weight for one token
+
+
+def chunk_table(durations_ns: list[int]) -> tuple:
+    """One cold request (trace 1) chunked 4 + 2 and a prefix hit (trace 2, 3 cached)."""
+    rows = [
+        row(1, 1, "prefill", 0, 10**6, cached_tokens=0),
+        row(1, 2, "prefill.chunk", 0, durations_ns[0], parent=1, step_id=0, chunk_tokens=4,
+            cached_tokens=0, context_tokens=4),
+        row(1, 3, "prefill.chunk", 10**5, 10**5 + durations_ns[1], parent=1, step_id=1,
+            chunk_tokens=2, cached_tokens=0, context_tokens=6),
+        row(2, 4, "prefill", 0, 10**6, cached_tokens=3),
+        row(2, 5, "prefill.chunk", 0, durations_ns[2], parent=4, chunk_tokens=3,
+            cached_tokens=3),  # no context_tokens: cached tokens stand in
+        row(3, 6, "step", 0, 10**6, step_id=0),
+    ]  # fmt: skip
+    return table(rows)
+
+
+def test_regime_frame_is_exact_for_made_up_durations():
+    peaks = Peaks(flops_per_s=1e5, bytes_per_s=1e4, device="made-up", source="flags")
+    frame = regime(chunk_table([1000, 2000, 0]), HAND, peaks)
+    assert list(frame.columns) == list(FRAME_COLUMNS)
+    assert frame["trace_id"].tolist() == [tid(1), tid(1), tid(2)]
+    assert frame["condition"].tolist() == ["cold", "cold", "prefix_hit"]
+    assert frame["chunk_tokens"].tolist() == [4, 2, 3]
+    assert frame["context_before"].tolist() == [0, 4, 3]
+    costs = [chunk_cost(HAND, 4, 0), chunk_cost(HAND, 2, 4), chunk_cost(HAND, 3, 3)]
+    assert frame["flops"].tolist() == [c[0] for c in costs]
+    assert frame["bytes"].tolist() == [c[1] for c in costs]
+    f, b = costs[0]
+    intensity = f / b
+    assert frame["intensity"].iloc[0] == intensity
+    assert frame["ridge"].tolist() == [10.0] * 3
+    assert frame["bound"].tolist() == ["memory"] * 3  # the hand model is tiny: ~1 FLOP/B
+    assert frame["attainable_flops_per_s"].iloc[0] == min(1e5, intensity * 1e4)
+    assert frame["achieved_flops_per_s"].iloc[0] == f / 1e-6
+    assert frame["roofline_fraction"].iloc[0] == (f / 1e-6) / (intensity * 1e4)
+    assert math.isnan(frame["achieved_flops_per_s"].iloc[2])  # zero duration
+
+
+def test_regime_without_peaks_or_chunks():
+    frame = regime(chunk_table([1000, 2000, 3000]), HAND, None)
+    assert frame["bound"].tolist() == [None] * 3
+    assert frame[["ridge", "attainable_flops_per_s", "roofline_fraction"]].isna().all().all()
+    assert frame["achieved_flops_per_s"].notna().all()
+    empty = regime(table([row(1, 1, "step", 0, 5)]), HAND, H100)
+    assert empty.empty and list(empty.columns) == list(FRAME_COLUMNS)
+    assert regime_summary(empty).empty
+
+
+def test_summary_per_condition_and_bucket():
+    big = ModelShape.from_dict(dataclasses.asdict(ModelConfig.preset("small")), dtype="float32")
+    peaks = Peaks(1e11, 1e10, "cpu", "measured")
+    frame = regime(chunk_table([1000, 2000, 3000]), big, peaks)
+    summary = regime_summary(frame)
+    assert list(summary.columns) == list(SUMMARY_COLUMNS)
+    keys = list(zip(summary["condition"], summary["chunk_bucket"], strict=True))
+    assert keys == [
+        ("cold", "2-3"), ("cold", "4-7"), ("cold", "all"), ("prefix_hit", "2-3"),
+        ("prefix_hit", "all"), ("all", "2-3"), ("all", "4-7"), ("all", "all"),
+    ]  # fmt: skip
+    cold = summary.iloc[2]
+    flops, nbytes = frame["flops"][:2].sum(), frame["bytes"][:2].sum()
+    assert (cold["chunks"], cold["tokens"]) == (2, 6)
+    assert cold["achieved_flops_per_s"] == flops / (3000 / 1e9)
+    assert cold["attainable_flops_per_s"] == min(1e11, flops / nbytes * 1e10)
+    achieved, attainable = cold["achieved_flops_per_s"], cold["attainable_flops_per_s"]
+    assert cold["roofline_fraction"] == achieved / attainable
+    assert cold["bound"] == "memory" and cold["ridge"] == 10.0
+    assert [chunk_bucket(n) for n in (1, 2, 3, 4, 255, 256, 1024)] == [
+        "1", "2-3", "2-3", "4-7", "128-255", "256-511", "1024-2047"]  # fmt: skip
+
+
+def test_find_peaks_priority():
+    measured = {"name": "NVIDIA H200", "peak_flops_per_s": 7e14, "peak_bytes_per_s": 4e12}
+    flags = {"peak_flops_per_s": 1e12, "peak_bytes_per_s": 1e11}
+    assert find_peaks({"device": measured}, flags) == Peaks(7e14, 4e12, "NVIDIA H200", "measured")
+    by_name = find_peaks({"device": {"name": "NVIDIA H200"}}, flags)
+    assert by_name == Peaks(989e12, 4.8e12, "NVIDIA H200 (as H200)", "known-gpu")
+    legacy = find_peaks({"engine": {"device_name": "NVIDIA A100-SXM4-80GB"}}, None)
+    assert (legacy.flops_per_s, legacy.bytes_per_s) == (312e12, 2.039e12)
+    assert find_peaks({"device": {"name": "cpu"}}, flags) == Peaks(1e12, 1e11, "cpu", "flags")
+    assert find_peaks({}, flags).source == "flags"
+    assert find_peaks({"device": {"name": "cpu", "peak_flops_per_s": float("nan")}}, {}) is None
+    assert find_peaks(None, {"peak_flops_per_s": 1e12}) is None  # half the flags
+
+
+def test_find_peaks_never_measures_this_machine(monkeypatch):
+    import ttft.engine.peaks as engine_peaks
+
+    monkeypatch.setattr(engine_peaks, "measure_peaks", lambda *a, **k: pytest.fail("measured"))
+    local = {"device": {"name": socket.gethostname()}, "engine": {"device": "cpu"}}
+    assert find_peaks(local, None) is None
+
+
+def test_known_gpu_names():
+    cases = {
+        "NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H100 PCIe": "H100 PCIe",
+        "NVIDIA H100 NVL": "H100 NVL", "NVIDIA H200": "H200", "NVIDIA H200 NVL": "H200 NVL",
+        "NVIDIA A100-SXM4-40GB": "A100 40GB", "NVIDIA A100 80GB PCIe": "A100 80GB",
+        "NVIDIA A100-SXM4-80GB": "A100 80GB", "NVIDIA L4": "L4", "NVIDIA L40S": "L40S",
+        "NVIDIA A10G": "A10G", "NVIDIA A10": "A10", "NVIDIA GeForce RTX 4090": "RTX 4090",
+    }  # fmt: skip
+    assert {name: known_gpu(name).name for name in cases} == cases
+    assert known_gpu("NVIDIA L40") is None and known_gpu("Intel(R) Xeon(R)") is None
+    assert all(g.flops_per_s / g.bytes_per_s > 50 for g in KNOWN_GPUS)  # sane ridges
+
+
+def test_find_model_and_device_reads_metadata_then_the_engine_info_event():
+    meta = {"model_config": {"n_layer": 1}, "device": {"name": "NVIDIA L4"}}
+    info = event(9, 1, "engine_info", 5, **{"model.n_layer": 2, "model.dtype": "float32",
+                 "device.name": "NVIDIA H200", "device.peak_flops_per_s": 1.0})  # fmt: skip
+    spans = table([row(1, 1, "step", 0, 5), info])
+    assert find_model_and_device(spans, meta) == (meta["model_config"], meta["device"])
+    model, device = find_model_and_device(spans, {})
+    assert model == {"n_layer": 2, "dtype": "float32"}
+    assert device == {"name": "NVIDIA H200", "peak_flops_per_s": 1.0}
+    legacy = {"engine": {"model": {"n_layer": 3}, "dtype": "bfloat16", "device": "cuda:0",
+                         "device_name": "NVIDIA L4"}}  # fmt: skip
+    assert find_model_and_device(table([]), legacy) == (
+        {"n_layer": 3, "dtype": "bfloat16"},
+        {"name": "NVIDIA L4", "type": "cuda:0"},
+    )
+    assert find_model_and_device(None, None) == (None, None)
