@@ -186,7 +186,9 @@ def find_model_and_device(
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """``(model config dict, device dict)`` of a trace: the run metadata's
     ``model_config``/``device``, else the last ``engine_info`` event's ``model.*``/
-    ``device.*`` attributes, else the metadata's ``engine`` entry; None where not found.
+    ``device.*`` attributes, else the traced server's model card (``server.models``, the
+    ``ttft`` field of the reference server's ``/v1/models``), else the metadata's
+    ``engine`` entry; None where not found.
     A model config from the ``engine`` entry carries its ``dtype``."""
     metadata = metadata or {}
     model = metadata.get("model_config")
@@ -199,6 +201,11 @@ def find_model_and_device(
             model = event["model"]
         if device is None and event.get("device"):
             device = event["device"]
+    for facts in _model_card_facts(metadata):  # ``ttft trace`` stores the server's model cards
+        if model is None and isinstance(facts.get("model_config"), Mapping):
+            model = dict(facts["model_config"])
+        if device is None and isinstance(facts.get("device"), Mapping):
+            device = dict(facts["device"])
     engine = metadata.get("engine")
     if isinstance(engine, Mapping):
         if model is None and isinstance(engine.get("model"), Mapping):
@@ -206,6 +213,21 @@ def find_model_and_device(
         if device is None and engine.get("device_name"):
             device = {"name": engine["device_name"], "type": str(engine.get("device", ""))}
     return model, device
+
+
+def _model_card_facts(metadata: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The ``ttft`` objects of the traced server's ``/v1/models`` cards, the traced model's
+    first, as ``ttft trace`` stores them under ``server``."""
+    server = metadata.get("server")
+    if not isinstance(server, Mapping):
+        return []
+    models = server.get("models")
+    cards = models.get("data") if isinstance(models, Mapping) else None
+    if not isinstance(cards, list):
+        return []
+    cards = [c for c in cards if isinstance(c, Mapping) and isinstance(c.get("ttft"), Mapping)]
+    cards.sort(key=lambda c: c.get("id") != server.get("model"))
+    return [c["ttft"] for c in cards]
 
 
 def _last_engine_info(table: pa.Table) -> dict[str, dict[str, Any]]:

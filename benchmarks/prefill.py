@@ -211,7 +211,10 @@ def print_table(rows: list[dict], ref_name: str) -> None:
         )
 
 
-def print_goals(rows: list[dict]) -> None:
+def print_goals(rows: list[dict]) -> list:
+    from _figures import Figure
+
+    figures = []
     big = [r for r in rows if r["chunk"] is None and r["length"] >= GOAL_MIN_LENGTH]
     fractions = {r["length"]: r["flops"] / (r["dur_ns"] / 1e9) / r["ref_flops_per_s"] for r in big}
     if fractions:
@@ -222,6 +225,12 @@ def print_goals(rows: list[dict]) -> None:
             f"≥ {GOAL_MIN_LENGTH} tokens: {'met' if met else 'NOT met'} "
             f"(lowest {fractions[worst]:.1%} at {worst} tokens)"
         )
+        figures.append(Figure("prefill (CPU)", f"whole prompt / matmul FLOP/s, lowest at "
+                              f"≥ {GOAL_MIN_LENGTH} tokens ({worst})", fractions[worst], "×",
+                              f"≥ {GOAL_FRACTION_OF_MATMUL:g}", met))
+        top = max(big, key=lambda r: r["length"])
+        figures.append(Figure("prefill (CPU)", f"prefill FLOP/s at {top['length']} tokens",
+                              top["flops"] / (top["dur_ns"] / 1e9) / 1e9, "GFLOP/s"))
     else:
         print(f"goal: ≥ {GOAL_FRACTION_OF_MATMUL:.0%} of matmul: no length ≥ {GOAL_MIN_LENGTH}")
     chunked = [r for r in rows if r["chunk"] is not None and r["chunk"] >= GOAL_MIN_CHUNK]
@@ -233,11 +242,15 @@ def print_goals(rows: list[dict]) -> None:
             f"prompt time: {'met' if met else 'NOT met'} (worst {worst_row['ratio']:.3f}× "
             f"at {worst_row['length']} tokens, chunk {worst_row['chunk']})"
         )
+        figures.append(Figure("prefill (CPU)", f"chunked / whole prompt time, worst (chunk "
+                              f"{worst_row['chunk']} at {worst_row['length']})",
+                              worst_row["ratio"], "×", f"≤ {GOAL_CHUNK_RATIO:g}", met))
     else:
         print("goal: chunked within 15% of whole: no chunk size below a prompt length")
+    return figures
 
 
-def cpu_section(args: argparse.Namespace) -> None:
+def cpu_section(args: argparse.Namespace) -> list:
     config = ModelConfig.preset(args.preset, max_seq_len=max(args.lengths))
     device = torch.device("cpu")
     threads = torch.get_num_threads()
@@ -260,7 +273,7 @@ def cpu_section(args: argparse.Namespace) -> None:
     print()
     print_table(rows, "matmul")
     print()
-    print_goals(rows)
+    return print_goals(rows)
 
 
 def gpu_section(args: argparse.Namespace) -> None:
@@ -288,14 +301,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs; the median counts")
     parser.add_argument("--preset", default="small", choices=sorted(ModelConfig.PRESETS))
     parser.add_argument("--chunks", type=int, nargs="+", default=[256, 1024])
+    from _figures import add_json_option, write  # benchmarks/ is the script's folder
+
+    add_json_option(parser)
     args = parser.parse_args()
     if min(args.lengths) < 1 or min(args.chunks) < 1 or args.repeats < 1:
         parser.error("lengths, chunks and repeats must be positive")
 
     with torch.inference_mode():
-        cpu_section(args)
+        figures = cpu_section(args)
         if torch.cuda.is_available():
             gpu_section(args)
+    write(args.json, figures)
 
 
 if __name__ == "__main__":

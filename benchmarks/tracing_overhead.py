@@ -76,7 +76,7 @@ def sdk_round(n: int) -> float:
     return took / n
 
 
-def per_span(spans: int, rounds: int) -> None:
+def per_span(spans: int, rounds: int) -> list:
     hot, total, sdk = [], [], []
     for _ in range(rounds):
         h, t, _ = ttft_round(spans)
@@ -90,6 +90,14 @@ def per_span(spans: int, rounds: int) -> None:
     print(f"  {'ttft stage(), traced thread':<44}{h:>10,.0f}{h / s:>8.3f}")
     print(f"  {'ttft stage(), with its export work':<44}{t:>10,.0f}{t / s:>8.3f}")
     print("  goal: ttft stage() ≤ 0.100 of the SDK, every span exported (checked: 0 dropped)")
+    from _figures import Figure
+
+    return [
+        Figure("tracing overhead", "stage() on the traced thread / SDK span", h / s, "×",
+               "≤ 0.1", h / s <= 0.1),
+        Figure("tracing overhead", "stage() on the traced thread", h, "ns/span"),
+        Figure("tracing overhead", "OpenTelemetry SDK span", s, "ns/span"),
+    ]
 
 
 def model(layers: int = 8, d_model: int = 512, heads: int = 8):
@@ -129,7 +137,7 @@ def model(layers: int = 8, d_model: int = 512, heads: int = 8):
     return Model().eval()
 
 
-def end_to_end(forwards: int) -> None:
+def end_to_end(forwards: int) -> list:
     import torch
 
     from ttft.tracer.torch_hooks import instrument_module
@@ -148,6 +156,9 @@ def end_to_end(forwards: int) -> None:
     for _ in range(3):  # warm up
         timed()
     print(f"end to end (forward over 512 tokens, 8 layers, d_model 512, {forwards} pairs)")
+    from _figures import Figure
+
+    figures = []
     for label, per_layer, target in (
         ("one span per forward", False, 1.01),
         ("per_layer=True", True, 1.05),
@@ -165,8 +176,11 @@ def end_to_end(forwards: int) -> None:
             f"  {label:<22} untraced {p / 1e6:8.2f} ms  traced {t / 1e6:8.2f} ms  "
             f"ratio {t / p:.4f}  (goal ≤ {target})"
         )
+        figures.append(Figure("tracing overhead", f"traced / untraced forward, {label}", t / p,
+                              "×", f"≤ {target}", t / p <= target))
     result = tracing.shutdown()
     print(f"  spans exported: {result.exported:,}, dropped: {result.dropped}")
+    return figures
 
 
 def main() -> None:
@@ -174,10 +188,14 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--forwards", type=int, default=20)
+    from _figures import add_json_option, write  # benchmarks/ is the script's folder
+
+    add_json_option(parser)
     args = parser.parse_args()
-    per_span(args.spans, args.rounds)
+    figures = per_span(args.spans, args.rounds)
     print()
-    end_to_end(args.forwards)
+    figures += end_to_end(args.forwards)
+    write(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -209,7 +209,8 @@ class ParquetSpanExporter(SpanExporter):
         return self._drop(failed) if failed else SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
-        """Close the writer (which merges the trace file, unless told not to). Idempotent."""
+        """Close the writer (which merges the trace file, unless told not to), then log at
+        WARNING how many rows failed writes lost, if any. Idempotent."""
         with self._lock:
             if self._shutdown:
                 return
@@ -218,6 +219,11 @@ class ParquetSpanExporter(SpanExporter):
             self.writer.close()
         except Exception:
             logger.exception("%s: closing the trace writer failed", self.writer.path)
+        # Rows of batches export() already answered SUCCESS for are lost by a later failed
+        # flush too: only the writer knows how many, so say it once here.
+        if self.writer.dropped_rows:
+            logger.warning("%s: %d span rows lost to failed writes, %d written",
+                           self.writer.path, self.writer.dropped_rows, self.writer.rows_written)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Write the buffered spans as a part file now.

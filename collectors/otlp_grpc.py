@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,7 +16,13 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from ttft.collectors._otlp_common import Sink, as_sink, bearer_ok, export_response
+from ttft.collectors._otlp_common import (
+    ReceiverBookkeeping,
+    Sink,
+    as_sink,
+    bearer_ok,
+    export_response,
+)
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
 from ttft.collectors.otlp_rows import parse_proto_request, request_to_rows
 from ttft.collectors.store import TraceWriter, to_span_table
@@ -52,7 +57,7 @@ def _check_bindable(host: str, port: int) -> None:
             probe.bind(address)
 
 
-class OTLPGrpcReceiver:
+class OTLPGrpcReceiver(ReceiverBookkeeping):
     """Receives OTLP/gRPC trace exports (``TraceService/Export``) and hands rows to a sink.
 
     Answers an ``ExportTraceServiceResponse`` (with ``partial_success`` when some spans were
@@ -80,21 +85,15 @@ class OTLPGrpcReceiver:
                  max_message_bytes: int = MAX_BODY_BYTES, token: str | None = None,
                  max_workers: int = 8) -> None:
         """Create a stopped receiver; ``port=0`` lets :meth:`start` pick a free port."""
+        super().__init__()
         self.host = host
         self.port = port
         self.max_message_bytes = max_message_bytes
         self.max_workers = max_workers
         self._token = token
         self._sink = as_sink(sink)
-        self._lock = threading.Condition()  # guards counters, _inflight and _stopped
-        self._inflight = 0
-        self._stopped = False
         self._server: grpc.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self.requests = 0
-        self.spans_received = 0
-        self.spans_rejected = 0
-        self.rejected = 0
 
     @property
     def endpoint(self) -> str:
@@ -145,15 +144,12 @@ class OTLPGrpcReceiver:
             True if no call was still being served when it returned.
         """
         deadline_s = time.monotonic() + timeout_s
-        with self._lock:
-            already, self._stopped = self._stopped, True
+        already = self._mark_stopped()
         if self._server is not None and not already:
             self._server.stop(grace=timeout_s).wait(timeout_s)
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
-        with self._lock:
-            return self._lock.wait_for(lambda: self._inflight == 0,
-                                       max(0.0, deadline_s - time.monotonic()))
+        return self._wait_idle(deadline_s - time.monotonic())
 
     def __enter__(self) -> OTLPGrpcReceiver:
         return self.start()
@@ -162,27 +158,18 @@ class OTLPGrpcReceiver:
         self.stop()
 
     def _export(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
-        with self._lock:
-            stopped = self._stopped
-            self._inflight += not stopped
-            self.requests += 1
-        try:
-            if stopped:
-                raise _Abort(grpc.StatusCode.UNAVAILABLE, "receiver is stopped")
-            return self._store(body, context)
-        except _Abort as exc:
-            log = logger.exception if exc.code == grpc.StatusCode.INTERNAL else logger.info
-            log("rejected OTLP/gRPC export from %s: %s %s", context.peer(), exc.code.name,
-                exc.message)
-            with self._lock:
-                self.rejected += 1
-            context.abort(exc.code, exc.message)  # raises
-            raise  # not reached; keeps the type checker's return paths whole
-        finally:
-            if not stopped:
-                with self._lock:
-                    self._inflight -= 1
-                    self._lock.notify_all()
+        with self._serving() as admitted:
+            try:
+                if not admitted:
+                    raise _Abort(grpc.StatusCode.UNAVAILABLE, "receiver is stopped")
+                return self._store(body, context)
+            except _Abort as exc:
+                log = logger.exception if exc.code == grpc.StatusCode.INTERNAL else logger.info
+                log("rejected OTLP/gRPC export from %s: %s %s", context.peer(), exc.code.name,
+                    exc.message)
+                self._count_rejected()
+                context.abort(exc.code, exc.message)  # raises
+                raise  # not reached; keeps the type checker's return paths whole
 
     def _store(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         if self._token is not None:
@@ -203,9 +190,7 @@ class OTLPGrpcReceiver:
             except Exception as exc:
                 raise _Abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}") from exc
         response, spans = export_response(request, errors)
-        with self._lock:
-            self.spans_received += spans
-            self.spans_rejected += len(errors)
+        self._count_spans(spans, len(errors))
         return response
 
 

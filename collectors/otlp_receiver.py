@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
+import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,7 +25,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from ttft.collectors._otlp_common import Sink, as_sink, bearer_ok, export_response
+from ttft.collectors._otlp_common import (
+    ReceiverBookkeeping,
+    Sink,
+    as_sink,
+    bearer_ok,
+    export_response,
+)
 from ttft.collectors.otlp_rows import parse_json_request, parse_proto_request, request_to_rows
 from ttft.collectors.store import TraceWriter, to_span_table
 
@@ -37,7 +45,11 @@ MAX_BODY_BYTES = 32 << 20
 
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
-_GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 500: 13, 503: 14}
+_GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 500: 13,
+               503: 14}
+_LINGER_BYTES = 4 << 20
+"""Most unread request bytes dropped after an error answer before closing (see _linger)."""
+_LINGER_S = 2.0
 
 
 class _Reject(Exception):
@@ -74,10 +86,38 @@ class _Server(ThreadingHTTPServer):
     receiver: OTLPReceiver
 
 
+def _linger(handler: _Handler) -> None:
+    """Half-close, then read and drop what the client still sends, up to ``_LINGER_BYTES``
+    or ``_LINGER_S``, until it closes (RFC 9112, 9.6 "tear-down").
+
+    Closing a socket with unread input resets the connection, and a client still sending
+    its body (http.client, requests) then sees a broken pipe or a reset instead of the
+    answer. A client that sends more than the limit after the answer still gets a reset.
+    """
+    deadline_s = time.monotonic() + _LINGER_S
+    left = _LINGER_BYTES
+    try:
+        handler.wfile.flush()
+        handler.connection.shutdown(socket.SHUT_WR)
+        handler.connection.settimeout(_LINGER_S)
+        while left > 0 and time.monotonic() < deadline_s:
+            dropped = handler.rfile.read1(min(left, 1 << 16))
+            if not dropped:
+                return
+            left -= len(dropped)
+    except (OSError, ValueError):  # reset, timed out, or the client is gone
+        pass
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 10  # seconds an idle keep-alive connection holds its thread
     server: _Server
+    body_read = False  # whether the current request's body was read whole
+
+    def handle_one_request(self) -> None:
+        self.body_read = False
+        super().handle_one_request()
 
     def do_POST(self) -> None:
         self.server.receiver._handle(self)
@@ -91,17 +131,20 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("%s: " + format, self.address_string(), *args)
 
 
-class OTLPReceiver:
+class OTLPReceiver(ReceiverBookkeeping):
     """Receives OTLP/HTTP trace exports on ``POST /v1/traces`` and hands rows to a sink.
 
     Accepts ``application/x-protobuf`` and ``application/json`` (OTLP/JSON, hex ids),
     optionally ``Content-Encoding: gzip``. Answers 200 with an ``ExportTraceServiceResponse``
     in the request's encoding (with ``partial_success`` when some spans were invalid), 400 for
-    a body that does not parse, 404 for another path, 405 for another method, 411 without a
-    Content-Length, 413 for a body over ``max_body_bytes``, 415 for another content type or
-    encoding, 500 when the sink raises, 503 once stopped; with a ``token``, 401 first for a
-    request without ``Authorization: Bearer <token>``. Error bodies are a
-    ``google.rpc.Status`` (protobuf for protobuf requests, else JSON) naming the fault.
+    a body that does not parse or a bad Content-Length, 404 for another path, 405 for another
+    method, 408 for a body that does not arrive within 10 s, 411 without a Content-Length,
+    413 for a body over ``max_body_bytes``, 415 for another content type or encoding, 500
+    when the sink raises, 503 once stopped; with a ``token``, 401 first for a request without
+    ``Authorization: Bearer <token>``. Error bodies are a ``google.rpc.Status`` (protobuf for
+    protobuf requests, else JSON) naming the fault. An error answer closes the connection;
+    a body left unread is first drained (up to 4 MiB, 2 s), so that the client reads the
+    answer rather than a reset.
 
     Threading: each connection is served on its own daemon thread, so the sink is called
     from those threads, possibly concurrently; it must be thread-safe (``TraceWriter.append``
@@ -118,20 +161,14 @@ class OTLPReceiver:
     def __init__(self, sink: TraceWriter | Sink, *, host: str = "127.0.0.1", port: int = 4318,
                  max_body_bytes: int = MAX_BODY_BYTES, token: str | None = None) -> None:
         """Create a stopped receiver; ``port=0`` lets :meth:`start` pick a free port."""
+        super().__init__()
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
         self._token = token
         self._sink = as_sink(sink)
-        self._lock = threading.Condition()  # guards counters, _inflight and _stopped
-        self._inflight = 0
-        self._stopped = False
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self.requests = 0
-        self.spans_received = 0
-        self.spans_rejected = 0
-        self.rejected = 0
 
     @property
     def endpoint(self) -> str:
@@ -161,15 +198,13 @@ class OTLPReceiver:
         Returns:
             True if no request was still being served when it returned.
         """
-        with self._lock:
-            self._stopped = True
+        self._mark_stopped()
         server, thread = self._server, self._thread
         if server is not None and thread is not None and thread.is_alive():
             server.shutdown()
             server.server_close()
             thread.join(timeout_s)
-        with self._lock:
-            return self._lock.wait_for(lambda: self._inflight == 0, timeout_s)
+        return self._wait_idle(timeout_s)
 
     def __enter__(self) -> OTLPReceiver:
         return self.start()
@@ -179,43 +214,41 @@ class OTLPReceiver:
 
     def _handle(self, handler: _Handler) -> None:
         content_type = (handler.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        with self._lock:
-            stopped = self._stopped
-            self._inflight += not stopped
-            self.requests += 1
-        try:
-            if stopped:
-                raise _Reject(503, "receiver is stopped")
-            response = self._export(handler, content_type)
-            if content_type == _PROTOBUF:
-                self._reply(handler, 200, response.SerializeToString(), _PROTOBUF)
-            else:
-                document = json_format.MessageToDict(response)
-                self._reply(handler, 200, json.dumps(document).encode(), _JSON)
-        except Exception as exc:
-            status, message = (exc.status, exc.message) if isinstance(exc, _Reject) else (
-                500, f"internal error: {exc}")
-            log = logger.exception if status == 500 else logger.info
-            log("rejected %s %s from %s: %d %s", handler.command, handler.path,
-                handler.client_address[0], status, message)
-            with self._lock:
-                self.rejected += 1
-            error = Status(code=_GRPC_CODES.get(status, 2), message=message)
-            challenge = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+        with self._serving() as admitted:
             try:
+                if not admitted:
+                    raise _Reject(503, "receiver is stopped")
+                response = self._export(handler, content_type)
                 if content_type == _PROTOBUF:
-                    self._reply(handler, status, error.SerializeToString(), _PROTOBUF, close=True,
-                                headers=challenge)
+                    self._reply(handler, 200, response.SerializeToString(), _PROTOBUF)
                 else:
-                    body = json.dumps(json_format.MessageToDict(error)).encode()
-                    self._reply(handler, status, body, _JSON, close=True, headers=challenge)
-            except OSError:
-                handler.close_connection = True  # the client went away
-        finally:
-            if not stopped:
-                with self._lock:
-                    self._inflight -= 1
-                    self._lock.notify_all()
+                    document = json_format.MessageToDict(response)
+                    self._reply(handler, 200, json.dumps(document).encode(), _JSON)
+            except Exception as exc:
+                self._reply_error(handler, content_type, exc)
+
+    def _reply_error(self, handler: _Handler, content_type: str, exc: Exception) -> None:
+        status, message = (exc.status, exc.message) if isinstance(exc, _Reject) else (
+            500, f"internal error: {exc}")
+        log = logger.exception if status == 500 else logger.info
+        log("rejected %s %s from %s: %d %s", handler.command, handler.path,
+            handler.client_address[0], status, message)
+        self._count_rejected()
+        error = Status(code=_GRPC_CODES.get(status, 2), message=message)
+        challenge = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+        try:
+            if content_type == _PROTOBUF:
+                self._reply(handler, status, error.SerializeToString(), _PROTOBUF, close=True,
+                            headers=challenge)
+            else:
+                body = json.dumps(json_format.MessageToDict(error)).encode()
+                self._reply(handler, status, body, _JSON, close=True, headers=challenge)
+        except OSError:
+            handler.close_connection = True  # the client went away
+            return
+        if not handler.body_read and (handler.headers.get("Transfer-Encoding") is not None
+                                      or (handler.headers.get("Content-Length") or "0") != "0"):
+            _linger(handler)
 
     def _export(self, handler: _Handler, content_type: str) -> ExportTraceServiceResponse:
         if self._token is not None and not bearer_ok(handler.headers.get("Authorization"),
@@ -235,12 +268,16 @@ class OTLPReceiver:
         raw_length = handler.headers.get("Content-Length")
         if raw_length is None:
             raise _Reject(411, "Content-Length required")
-        if not raw_length.strip().isdigit():
+        if not (raw_length.isascii() and raw_length.strip().isdigit()):  # not '²', '٣'
             raise _Reject(400, f"invalid Content-Length {raw_length!r}")
         length = int(raw_length)
         if length > self.max_body_bytes:
             raise _Reject(413, f"body of {length} bytes exceeds {self.max_body_bytes}")
-        body = handler.rfile.read(length)
+        try:
+            body = handler.rfile.read(length)
+        except TimeoutError as exc:
+            raise _Reject(408, f"body not received within {handler.timeout} s") from exc
+        handler.body_read = True
         if len(body) != length:
             raise _Reject(400, f"body ended after {len(body)} of {length} bytes")
         if encoding == "gzip":
@@ -250,9 +287,7 @@ class OTLPReceiver:
         if rows:
             self._sink(to_span_table(rows))
         response, spans = export_response(request, errors)
-        with self._lock:
-            self.spans_received += spans
-            self.spans_rejected += len(errors)
+        self._count_spans(spans, len(errors))
         return response
 
     @staticmethod

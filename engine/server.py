@@ -29,7 +29,10 @@ Metrics (per application ``CollectorRegistry``; times are host clock, seen by th
   ``invalid`` (400), ``unauthorized``, ``not_found``, ``queue_full``, ``error``.
 - ``ttft:prompt_tokens_total``, ``ttft:generation_tokens_total``,
   ``ttft:prefix_cache_hits_total`` (prompt tokens served from the prefix cache).
-- ``ttft:tracer_dropped_spans``: spans the tracer's recorder dropped (0 when no tracer).
+- ``ttft:tracer_dropped_spans``: spans the tracer dropped, its queue or an exporter's backlog
+  full (0 when no tracer).
+- ``ttft:tracer_failed_spans``: spans the tracer's exporters failed to export (0 when no
+  tracer).
 """
 
 from __future__ import annotations
@@ -233,6 +236,13 @@ def chat_prompt(messages: Sequence[ChatMessage]) -> str:
 # -- metrics ---------------------------------------------------------------------------
 
 
+def _failed_spans() -> float:
+    """Spans the configured tracer's exporters failed to export (raised or refused); 0
+    without a recorder."""
+    stats = tracer_stats()
+    return float(stats.failed) if stats is not None else 0.0
+
+
 def _dropped_spans() -> float:
     """Spans the configured tracer's recorder dropped so far; 0 without a recorder."""
     stats = tracer_stats()
@@ -265,9 +275,15 @@ class _Metrics:
             registry=r,
         )
         dropped = Gauge(
-            "ttft:tracer_dropped_spans", "Spans the tracer's recorder dropped.", registry=r
+            "ttft:tracer_dropped_spans",
+            "Spans the tracer dropped (queue or an exporter's backlog full).",
+            registry=r,
         )
         dropped.set_function(_dropped_spans)
+        failed = Gauge(
+            "ttft:tracer_failed_spans", "Spans the tracer's exporters failed to export.", registry=r
+        )
+        failed.set_function(_failed_spans)
 
 
 def _admission_times(stream: RequestStream) -> tuple[float, int] | None:
@@ -442,6 +458,14 @@ def _validation_error(exc: RequestValidationError) -> APIError:
 _TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "function-after"}
 
 
+def _engine_facts(engine: Engine) -> dict[str, Any]:
+    """``model_config`` (the model's config with its dtype) and ``device`` (name, type and,
+    when measured at start-up, peaks) for the model card."""
+    meta = engine.run_metadata()["engine"]
+    device = engine.device_info or {"name": meta["device_name"], "type": meta["device"]}
+    return {"model_config": {**meta["model"], "dtype": meta["dtype"]}, "device": device}
+
+
 def create_app(
     engine: Engine,
     *,
@@ -499,7 +523,9 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
 
-    def authorize(request: Request) -> None:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop (and
+    # GIL hand-overs with the engine's worker) for every request, 429s included.
+    async def authorize(request: Request) -> None:
         if api_key is None:
             return
         header = request.headers.get("authorization", "")
@@ -672,6 +698,9 @@ def create_app(
             "created": created,
             "owned_by": "ttft",
             "max_model_len": max_len,
+            # What a client-side trace needs for the prefill regime (ttft's own field;
+            # OpenAI clients ignore it): the model shape and the device with its peaks.
+            "ttft": _engine_facts(engine),
         }
         return {"object": "list", "data": [card]}
 

@@ -9,6 +9,7 @@ client and server spans in one Parquet trace, then the analysis of that trace.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -79,8 +80,25 @@ def run_demo(
             shared_prefix=(4, 50), prefix_tokens=64, shared_fraction=1 / 3, seed=seed,
             receiver_port=receiver_port, span_wait_s=30.0,
         )
+        # The engine records its start-up event before the trace's receiver listens; the
+        # exporter retries until it does. Its "transient error" warnings until then are
+        # expected here, so they are held back until the receiver is up (failures that
+        # outlast the retries are logged as errors and still show).
+        hooks = dict(callbacks or {})
+        exporter_log = logging.getLogger(OTLPSpanExporter.__module__)
+        level = exporter_log.level
+        exporter_log.setLevel(logging.ERROR)
+        server.callback(exporter_log.setLevel, level)
+        outer_start = hooks.get("on_start")
+
+        def on_start(n: int, endpoint: str) -> None:
+            exporter_log.setLevel(level)
+            if outer_start is not None:
+                outer_start(n, endpoint)
+
+        hooks["on_start"] = on_start
         # the server stops and flushes while the receiver still listens
-        run = trace_server(spec, trace, after_load=server.close, **(callbacks or {}))
+        run = trace_server(spec, trace, after_load=server.close, **hooks)
     asm = assemble(read_trace(trace))
     summary = summarize(attribute(asm), asm, trace=str(trace))
     return DemoResult(trace, summary, len(run.results), run.errors, run.joined,

@@ -62,11 +62,15 @@ class Tracing:
         self.tracer_provider = provider
 
     def flush(self, timeout_s: float = 10.0) -> FlushResult:
-        """Export every span recorded so far; returns exported/dropped/failed counts."""
+        """Export every span recorded so far, waiting at most ``timeout_s``; returns the
+        exported/dropped/failed/pending counts."""
         return self.recorder.flush(timeout_s)
 
     def shutdown(self, timeout_s: float = 10.0) -> FlushResult:
-        """Flush, stop exporting and shut the exporters down; later spans are dropped."""
+        """Export what is queued and shut the exporters down, returning within
+        ``timeout_s`` even if an exporter hangs; later spans are dropped. Returns the counts
+        and logs them in one line (WARNING when spans were dropped, failed or left
+        pending)."""
         global _recorder
         result = self.recorder.shutdown(timeout_s)
         if _recorder is self.recorder:

@@ -4,8 +4,12 @@ The traced thread appends one tuple per span to a bounded queue (``collections.d
 appends are atomic under the GIL, no lock) and never blocks or raises: when the queue
 holds ``capacity`` records, the record is dropped and counted. A daemon thread drains the
 queue every ``flush_interval_s`` (or as soon as it is half full), turns records into
-OpenTelemetry ``ReadableSpan``s and hands them to every exporter; an exporter that raises
-or returns FAILURE loses that batch for itself only, counted as ``failed``.
+OpenTelemetry ``ReadableSpan``s and hands each batch to every exporter's own thread, which
+keeps a backlog of at most ``capacity`` spans. So an exporter that raises or returns
+FAILURE loses that batch for itself only (counted as ``failed``), and one that is slow or
+hangs fills only its own backlog (what does not fit is dropped and counted): the other
+exporters, the queue and the traced thread never wait for it, nor does ``shutdown`` past
+its timeout.
 """
 
 from __future__ import annotations
@@ -37,8 +41,17 @@ _SCALARS = (str, bool, int, float)
 
 @dataclass(frozen=True)
 class FlushResult:
-    """What the recorder did so far: spans exported, dropped (full queue) and failed
-    (an exporter raised or refused), counted per exporter for ``failed``."""
+    """What the recorder did so far, in spans.
+
+    Attributes:
+        exported: spans an exporter accepted (counted per exporter).
+        dropped: spans dropped because the queue was full, plus spans an exporter's full
+            backlog could not take (counted per exporter).
+        failed: spans in batches an exporter raised on or refused (counted per exporter).
+        pending: spans not exported yet: in the queue, plus those in an exporter's backlog
+            or export (per exporter). After ``shutdown`` these are the spans an exporter
+            did not finish by the timeout, lost with it.
+    """
 
     exported: int
     dropped: int
@@ -80,13 +93,119 @@ def _value(value: Any) -> Any:
 _context = _pick_context_factory()
 
 
+_DONE = threading.Event()
+_DONE.set()
+
+
+class _Call:
+    """A call to run on an outlet's thread after the batches queued before it."""
+
+    def __init__(self, kind: str, deadline_s: float) -> None:
+        self.kind = kind  # "flush" or "shutdown"
+        self.deadline_s = deadline_s  # time.monotonic() by which it should return
+        self.done = threading.Event()
+
+
+class _Outlet:
+    """One exporter, its thread and its bounded backlog of batches.
+
+    ``offer`` never blocks: spans that do not fit in the backlog are dropped and counted.
+    The exporter is called only on this thread: ``export`` for each batch in order, and
+    ``force_flush`` or ``shutdown`` when asked, after the batches offered before.
+    """
+
+    def __init__(self, exporter: SpanExporter, capacity: int) -> None:
+        self.exporter = exporter
+        self.name = type(exporter).__name__
+        self.capacity = capacity
+        self._items: deque[list[ReadableSpan] | _Call] = deque()
+        self._cond = threading.Condition()
+        self._flush: _Call | None = None  # a queued flush that has not started yet
+        self._stopping = False
+        self.pending = self.exported = self.failed = self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name=f"ttft-export:{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def offer(self, spans: list[ReadableSpan]) -> None:
+        with self._cond:
+            room = 0 if self._stopping else max(0, self.capacity - self.pending)
+            taken = spans if len(spans) <= room else spans[:room]
+            self.dropped += len(spans) - len(taken)
+            if taken:
+                self.pending += len(taken)
+                self._items.append(taken)
+                self._cond.notify()
+
+    def request(self, kind: str, deadline_s: float) -> threading.Event:
+        """Queue a ``force_flush`` ("flush") or ``shutdown`` call; its event is set when it
+        returned. A flush still waiting in the queue is reused (with the later deadline)."""
+        with self._cond:
+            if self._stopping:  # shut down (or being shut down): nothing more to do here
+                return _DONE
+            if kind == "flush" and self._flush is not None:
+                self._flush.deadline_s = max(self._flush.deadline_s, deadline_s)
+                return self._flush.done
+            call = _Call(kind, deadline_s)
+            if kind == "flush":
+                self._flush = call
+            else:
+                self._stopping = True
+            self._items.append(call)
+            self._cond.notify()
+            return call.done
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items:
+                    self._cond.wait()
+                item = self._items.popleft()
+                if item is self._flush:
+                    self._flush = None
+            if isinstance(item, _Call):
+                self._call(item)
+                if item.kind == "shutdown":
+                    return
+                continue
+            try:
+                ok = self.exporter.export(item) == SpanExportResult.SUCCESS
+            except Exception:
+                logger.exception("ttft recorder: %s.export raised", self.name)
+                ok = False
+            with self._cond:
+                self.pending -= len(item)
+                if ok:
+                    self.exported += len(item)
+                else:
+                    self.failed += len(item)
+
+    def _call(self, call: _Call) -> None:
+        try:
+            if call.kind == "flush":
+                self.exporter.force_flush(max(0, int((call.deadline_s - time.monotonic()) * 1000)))
+            else:
+                self.exporter.shutdown()
+        except Exception:
+            logger.exception("ttft recorder: %s.%s raised", self.name,
+                             "force_flush" if call.kind == "flush" else "shutdown")
+        finally:
+            call.done.set()
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(exported, dropped, failed, pending) spans of this exporter."""
+        with self._cond:
+            return self.exported, self.dropped, self.failed, self.pending
+
+
 class Recorder:
     """Bounded queue of finished spans and the thread that exports them.
 
     Args:
-        exporters: OpenTelemetry span exporters; each gets every batch.
+        exporters: OpenTelemetry span exporters; each gets every batch, on its own thread.
         resource: the resource every span carries (``service.name``).
-        capacity: the most records waiting for export; more are dropped and counted.
+        capacity: the most records waiting for export, and the most spans waiting in each
+            exporter's backlog; more are dropped and counted.
         flush_interval_s: the longest a record waits before its batch is exported.
         default_clock: the ``ttft.clock`` of host spans.
         offset_ns: added to a record's ``perf_counter_ns`` times to make epoch ns.
@@ -106,6 +225,7 @@ class Recorder:
         offset_ns: int = 0,
     ) -> None:
         self.exporters = list(exporters)
+        self._outlets = [_Outlet(exporter, capacity) for exporter in self.exporters]
         self.resource = resource
         self.capacity = capacity
         self.default_clock = default_clock
@@ -118,9 +238,8 @@ class Recorder:
         self._interval_s = flush_interval_s
         self._closed = False
         self._busy = False
-        self.exported = 0
-        self.dropped = 0
-        self.failed = 0
+        self.exported = 0  # spans converted while there is no exporter
+        self.dropped = 0  # records dropped because the queue was full (or after shutdown)
         self._thread = threading.Thread(target=self._run, name="ttft-recorder", daemon=True)
         self._thread.start()
 
@@ -217,59 +336,79 @@ class Recorder:
         return out
 
     def _export(self, spans: list[ReadableSpan]) -> None:
-        for exporter in self.exporters:
-            try:
-                ok = exporter.export(spans) == SpanExportResult.SUCCESS
-            except Exception:
-                logger.exception("ttft recorder: %s raised", type(exporter).__name__)
-                ok = False
+        for outlet in self._outlets:
+            outlet.offer(spans)
+        if not self._outlets:
             with self._lock:
-                if ok:
-                    self.exported += len(spans)
-                else:
-                    self.failed += len(spans)
-        with self._lock:
-            if not self.exporters:
                 self.exported += len(spans)
 
     # -- control -------------------------------------------------------------------------
     def result(self) -> FlushResult:
+        """The counts so far (see :class:`FlushResult`). Cheap; does not flush."""
         with self._lock:
-            return FlushResult(self.exported, self.dropped, self.failed, len(self._queue))
+            totals = [self.exported, self.dropped, 0, len(self._queue)]
+        for counts in (outlet.counts() for outlet in self._outlets):
+            totals = [total + count for total, count in zip(totals, counts, strict=True)]
+        return FlushResult(*totals)
 
-    def flush(self, timeout_s: float = 10.0) -> FlushResult:
-        """Export everything queued so far (waiting at most ``timeout_s``), then flush the
-        exporters; returns the counts and logs drops."""
-        deadline = time.monotonic() + timeout_s
+    def by_exporter(self) -> list[FlushResult]:
+        """The counts of each exporter, in ``exporters`` order: what it exported, what its
+        backlog dropped, what failed and what is pending there (queue drops not included)."""
+        return [FlushResult(*outlet.counts()) for outlet in self._outlets]
+
+    def _wait_drained(self, deadline_s: float) -> None:
+        """Until the queue is handed to the exporters' backlogs, or ``deadline_s``."""
         self._wake.set()
         with self._idle:
-            while (self._queue or self._busy) and time.monotonic() < deadline:
+            while (self._queue or self._busy) and time.monotonic() < deadline_s:
                 self._wake.set()
                 self._idle.wait(0.01)
-        for exporter in self.exporters:
-            try:
-                left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-                exporter.force_flush(left_ms)
-            except Exception:
-                logger.exception("ttft recorder: %s.force_flush raised", type(exporter).__name__)
-        result = self.result()
-        if result.dropped or result.failed:
+
+    def _wait_for(self, kind: str, deadline_s: float) -> list[str]:
+        """Ask every exporter's thread for ``kind`` and wait until ``deadline_s``; returns
+        the names of the exporters that did not finish in time."""
+        waits = [(outlet, outlet.request(kind, deadline_s)) for outlet in self._outlets]
+        late = []
+        for outlet, done in waits:
+            if not done.wait(max(0.0, deadline_s - time.monotonic())):
+                late.append(outlet.name)
+        return late
+
+    def _report(self, result: FlushResult, late: list[str], when: str) -> None:
+        if result.dropped or result.failed or late:
             logger.warning(
-                "ttft recorder: %d spans dropped (queue full), %d failed to export",
-                result.dropped,
-                result.failed,
+                "ttft recorder %s: %d spans exported, %d dropped (queue or an exporter's "
+                "backlog full), %d failed to export, %d pending%s",
+                when, result.exported, result.dropped, result.failed, result.pending,
+                f" ({', '.join(late)} did not finish in time)" if late else "",
             )
+        else:
+            logger.info("ttft recorder %s: %d spans exported, none dropped or failed",
+                        when, result.exported)
+
+    def flush(self, timeout_s: float = 10.0) -> FlushResult:
+        """Export everything queued so far and flush the exporters, waiting at most
+        ``timeout_s`` in all (an exporter that hangs is left behind); returns the counts
+        and logs them at WARNING when spans were dropped or failed."""
+        deadline_s = time.monotonic() + timeout_s
+        self._wait_drained(deadline_s)
+        late = self._wait_for("flush", deadline_s)
+        result = self.result()
+        self._report(result, late, "flush")
         return result
 
     def shutdown(self, timeout_s: float = 10.0) -> FlushResult:
-        """Flush, stop the thread and shut the exporters down. Later spans are dropped."""
-        result = self.flush(timeout_s)
+        """Export what is queued, then shut every exporter down (on its own thread, after
+        its backlog), returning within ``timeout_s``: an exporter that has not finished by
+        then is left behind with its backlog, counted as ``pending``. Later spans are
+        dropped. Returns the counts and logs a summary line (WARNING when spans were
+        dropped, failed or left pending)."""
+        deadline_s = time.monotonic() + timeout_s
+        self._wait_drained(deadline_s)
         self._closed = True
         self._wake.set()
-        self._thread.join(timeout_s)
-        for exporter in self.exporters:
-            try:
-                exporter.shutdown()
-            except Exception:
-                logger.exception("ttft recorder: %s.shutdown raised", type(exporter).__name__)
+        self._thread.join(max(0.0, deadline_s - time.monotonic()))
+        late = self._wait_for("shutdown", deadline_s)
+        result = self.result()
+        self._report(result, late, "shutdown")
         return result

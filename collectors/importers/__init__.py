@@ -34,6 +34,13 @@ __all__ = [
 ]
 
 
+def _exists(path: Path) -> bool:
+    """``path`` exists, or is a ttft trace a crashed writer left as ``path.parts/``."""
+    from ttft.collectors.store import parts_dir
+
+    return path.exists() or parts_dir(path).is_dir()
+
+
 def guess_format(path: str | os.PathLike[str]) -> str:
     """The name of the first importer that can open ``path``.
 
@@ -41,7 +48,7 @@ def guess_format(path: str | os.PathLike[str]) -> str:
         TraceImportError: the path does not exist, or no importer recognises it.
     """
     path = Path(path)
-    if not path.exists():
+    if not _exists(path):
         raise TraceImportError(path, "does not exist")
     for name, importer in IMPORTERS.items():
         if importer.guess_can_open(path):
@@ -69,7 +76,7 @@ def read_any(
         format = guess_format(path)
     elif format not in IMPORTERS:
         raise TraceImportError(path, f"unknown format {format!r}; known: {', '.join(IMPORTERS)}")
-    elif not path.exists():
+    elif not _exists(path):
         raise TraceImportError(path, "does not exist")
     table = IMPORTERS[format].read(path)
     # ttft's own traces too: one written by ``ttft collect`` may hold a serving stack's spans.

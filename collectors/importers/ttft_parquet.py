@@ -14,6 +14,10 @@ class TTFTParquet:
     description = "ttft Parquet trace (a file, or a directory of part files)"
 
     def guess_can_open(self, path: Path) -> bool:
+        from ttft.collectors.store import parts_dir
+
+        if not path.exists() and parts_dir(path).is_dir():
+            return True  # the parts a crashed writer left; read_trace reads them
         if path.is_dir():
             return any(path.glob("*.parquet"))
         return head(path, 4) == b"PAR1"
