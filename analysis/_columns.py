@@ -164,6 +164,32 @@ def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key:
     return out
 
 
+def smallest_by_value(
+    group: np.ndarray, codes: np.ndarray, values: list[str], n_groups: int
+) -> np.ndarray:
+    """Per group in ``[0, n_groups)``, the code (into ``values``) of the smallest value
+    among the ``codes`` of its members; -1 for a group without members.
+
+    The choice depends on the values alone, never on the members' order. O(members): only
+    the groups holding two distinct codes compare strings.
+    """
+    out = np.full(n_groups, -1, np.int64)
+    out[group] = codes  # some member's code; right unless the group holds two codes
+    differs = codes != out[group]
+    if differs.any():
+        mixed = np.zeros(n_groups, bool)
+        mixed[group[differs]] = True
+        mine = mixed[group]
+        used = np.unique(codes[mine])
+        by_value = used[np.argsort(np.asarray([values[c] for c in used], dtype=object))]
+        rank = np.full(len(values), -1, np.int64)
+        rank[by_value] = np.arange(len(by_value))
+        best = np.full(n_groups, len(by_value), np.int64)
+        np.minimum.at(best, group[mine], rank[codes[mine]])
+        out[mixed] = by_value[best[mixed]]
+    return out
+
+
 def group_order(labels: np.ndarray, groups: int) -> np.ndarray:
     """Stable permutation that sorts integer labels in ``[0, groups)``."""
     if len(labels) == 0:

@@ -32,9 +32,9 @@ def conditions(server_cached: np.ndarray, prefill_cached: np.ndarray) -> np.ndar
 
 
 def first_request_ids(table: pa.Table, group: np.ndarray, n_groups: int) -> np.ndarray:
-    """The first non-null ``request_id`` of each group code (None where it has none)."""
+    """The smallest non-null ``request_id`` of each group code (None where it has none):
+    the rule ``assemble`` names requests by, independent of row order."""
     rid, rid_values = col.codes(table.column("request_id"))
-    of_group = np.full(n_groups, -1, np.int64)
     m = (rid >= 0) & (group >= 0)
-    of_group[group[m][::-1]] = rid[m][::-1]  # first one wins
+    of_group = col.smallest_by_value(group[m], rid[m], rid_values, n_groups)
     return np.asarray([*rid_values, None], dtype=object)[of_group]

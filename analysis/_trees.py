@@ -74,7 +74,11 @@ def resolve_trees(
     for ids, pos in iter_blocks(spans.counts, spans.offsets):
         k = pos.shape[1]
         hi, lo, hs = spans.sid_hi[pos], spans.sid_lo[pos], has_sid[pos]
-        parent, keep, found = _links(hi, lo, hs, psid[0][pos], psid[1][pos], has_parent[pos])
+        start, end, stage = spans.start_ns[pos], spans.end_ns[pos], spans.stage[pos]
+        phi, plo, hp = psid[0][pos], psid[1][pos], has_parent[pos]
+        # What tells copies of one span id apart, so the copy kept never depends on row order.
+        copy_key = (plo, phi, hp, spans.client[pos], stage, end, start)
+        parent, keep, found = _links(hi, lo, hs, phi, plo, hp, copy_key)
         depth = np.zeros(parent.shape, np.int16)
         anc = parent.copy()
         for _ in range(k):
@@ -89,7 +93,6 @@ def resolve_trees(
         out["orphans"][ids] = (has_parent[pos] & ~found & keep).sum(axis=1)
         out["duplicates"][ids] = (~keep).sum(axis=1)
 
-        start, end, stage = spans.start_ns[pos], spans.end_ns[pos], spans.stage[pos]
         for name in ("client", "server"):
             mine = keep & (stage == CODE[name])
             first = np.where(mine, start, MAX_NS).argmin(axis=1)
@@ -131,9 +134,14 @@ def _links(
     phi: np.ndarray,
     plo: np.ndarray,
     has_parent: np.ndarray,
+    copy_key: tuple[np.ndarray, ...],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per ``(requests, K)`` block: the parent column of every span (-1 none), ``keep``
-    (false for a later copy of a duplicated span id) and whether the parent was found.
+    (false for all but one copy of a duplicated span id) and whether the parent was found.
+
+    Of the copies of one span id the one kept is the first by ``copy_key`` (``np.lexsort``
+    keys, the last one primary: start, end, ...), then by column; copies equal in every key
+    are interchangeable, so the result never depends on row order.
 
     A 64-bit mix of the two id words finds candidates with one comparison per pair; every
     candidate is then checked on both words, and the few rows where a check fails (an
@@ -149,7 +157,12 @@ def _links(
         r = maybe_dup
         same = (hi[r][:, :, None] == hi[r][:, None, :]) & (lo[r][:, :, None] == lo[r][:, None, :])
         same &= has[r][:, :, None] & has[r][:, None, :]
-        keep[r] = ~(np.tril(np.ones((k, k), bool), -1)[None] & same).any(axis=2)
+        order = np.lexsort(
+            (np.broadcast_to(cols, hi[r].shape),) + tuple(c[r] for c in copy_key), axis=-1
+        )
+        rank = np.argsort(order, axis=1)
+        earlier = rank[:, None, :] < rank[:, :, None]  # [i, j]: copy j comes before i
+        keep[r] = ~(earlier & same).any(axis=2)
     pmixed = (phi * _MIX) ^ plo
     parent = (pmixed[:, :, None] == mixed[:, None, :]).argmax(axis=2)
     found = (

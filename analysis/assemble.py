@@ -85,6 +85,7 @@ def assemble(table: pa.Table) -> Assembly:
     is_client = np.isin(clock_raw, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK])
 
     present = (trace >= 0) & ~_nulls(table, "start_ns") & ~_nulls(table, "end_ns")
+    present &= clocks.in_range(start) & clocks.in_range(end)
     quality.add(
         "missing_field", int((~present).sum()), [f"row {i}" for i in np.flatnonzero(~present)[:3]]
     )
@@ -111,17 +112,17 @@ def assemble(table: pa.Table) -> Assembly:
     trace_is_req = np.zeros(n_traces, bool)
     trace_is_req[trace[marks | boundary_event]] = True
     rid, rid_values = col.codes(table.column("request_id"))
-    rid_of_trace = np.full(n_traces, -1, np.int64)
     with_rid = valid & (rid >= 0) & trace_is_req[np.maximum(trace, 0)]
-    rid_of_trace[trace[with_rid][::-1]] = rid[with_rid][::-1]  # first one wins
+    # A trace holding several request ids joins by the smallest; a request of several
+    # traces is named by the smallest trace id: never by row order.
+    rid_of_trace = col.smallest_by_value(trace[with_rid], rid[with_rid], rid_values, n_traces)
     req_traces = np.flatnonzero(trace_is_req)
     key = np.where(rid_of_trace >= 0, rid_of_trace, len(rid_values) + np.arange(n_traces))
     uniq, inv = np.unique(key[req_traces], return_inverse=True)
     n_req = len(uniq)
     req_of_trace = np.full(n_traces, -1, np.int64)
     req_of_trace[req_traces] = inv
-    first_trace = np.full(n_req, n_traces, np.int64)
-    np.minimum.at(first_trace, inv, req_traces)
+    first_trace = col.smallest_by_value(inv, req_traces, trace_values, n_req)
     row_req = np.where(valid, req_of_trace[np.maximum(trace, 0)], -1)
 
     # Server clocks onto the client clock, before any time is compared across them.

@@ -135,6 +135,22 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     )
 
 
+def _row_sums(flat: np.ndarray, ns: np.ndarray, size: int) -> np.ndarray:
+    """``bincount(flat, weights=ns)`` in exact int64, for ``(N, S)`` ns values where each
+    bin of ``flat`` collects values of one row only.
+
+    float64 bincount is exact while every partial sum stays below 2^53 ns (104 days), which
+    ``max |ns| * S`` bounds; windows beyond that are summed with integer ``np.add.at``.
+    """
+    values = ns.ravel()
+    if int(np.abs(ns).max(initial=0)) * max(ns.shape[-1], 1) < 1 << 53:
+        total = np.bincount(flat, weights=values.astype(np.float64), minlength=size)
+        return np.rint(total).astype(np.int64)
+    total = np.zeros(size, np.int64)
+    np.add.at(total, flat, values.astype(np.int64))
+    return total
+
+
 class _Block:
     """One block of requests with the same span count, clipped to their windows."""
 
@@ -186,7 +202,9 @@ class _Block:
     @cached_property
     def _order(self) -> np.ndarray:
         """Columns sorted by ascending exclusive key (priority, depth, start, span_id)."""
-        rel = np.clip(self.start - self.start.min(axis=1, keepdims=True), 0, (1 << 53) - 1)
+        rel = self.start - self.start.min(axis=1, keepdims=True)
+        # A difference that wrapped (spans on two clocks 2^63 ns apart) is as late as any.
+        rel = np.where(rel < 0, (1 << 53) - 1, np.minimum(rel, (1 << 53) - 1))
         key = ((self.prio + 1) << 58) | (np.minimum(self.depth, 31) << 53) | rel
         return np.lexsort((self.sid_lo, self.sid_hi, key), axis=-1)
 
@@ -213,10 +231,7 @@ class _Block:
 
     def _sum_by_stage(self, stage: np.ndarray, ns: np.ndarray) -> np.ndarray:
         flat = (np.arange(self.n)[:, None] * N_STAGES + stage).ravel()
-        total = np.bincount(
-            flat, weights=ns.ravel().astype(np.float64), minlength=self.n * N_STAGES
-        )
-        return np.rint(total).astype(np.int64).reshape(self.n, N_STAGES)
+        return _row_sums(flat, ns, self.n * N_STAGES).reshape(self.n, N_STAGES)
 
     def exclusive(self) -> np.ndarray:
         """Each segment to the active column with the largest exclusive key."""
@@ -330,10 +345,7 @@ class _Block:
             on = new
         length = np.where(on, hi - lo, 0)
         flat = (np.arange(self.n)[:, None] * (k + 1) + par).ravel()
-        child = np.bincount(
-            flat, weights=length.ravel().astype(np.float64), minlength=self.n * (k + 1)
-        )
-        child = np.rint(child).astype(np.int64).reshape(self.n, k + 1)
+        child = _row_sums(flat, length, self.n * (k + 1)).reshape(self.n, k + 1)
         own = np.where(on, length - child[:, :k], 0)
         att = self._sum_by_stage(self.out_stage, own)
         att[:, CODE["unattributed"]] += (self.b - self.a)[:, 0] - child[:, k]

@@ -53,7 +53,7 @@ def blame(table: pa.Table) -> pd.DataFrame:
 
     Returns:
         One row per (request, wait) with wait time > 0, ordered by the trace's first row
-        and then `WAITS`: ``trace_id``, ``request_id`` (the trace's first non-null one),
+        and then `WAITS`: ``trace_id``, ``request_id`` (the trace's smallest non-null one),
         ``condition`` (``cold``, ``prefix_hit`` or None, the rule of
         ``analysis.assemble``), ``wait`` (one of `WAITS`), ``wait_ns`` and
         ``prefill_ns``, ``decode_ns``, ``unknown_ns``, ``idle_ns`` (int64, summing to

@@ -48,6 +48,10 @@ from ttft.tracer.schema import CLIENT_CLOCK, EV_FIRST_BYTE, EV_FIRST_TOKEN
 
 MIN_REQUESTS = 10
 """Fewest requests with both a client and a server interval before an offset is applied."""
+TIME_LIMIT_NS = 1 << 62
+"""Times must lie strictly between ``-TIME_LIMIT_NS`` and ``TIME_LIMIT_NS`` (the years 1824
+to 2116) to be used: then every difference of two times, and every time moved by an
+offset, fits in int64. Rows outside are dropped as ``missing_field``."""
 GPU_CLOCK_PREFIX = "gpu:"
 
 # What a row is to the midpoint rule (`row_kinds`).
@@ -84,6 +88,11 @@ class ClockOffset:
     @property
     def applied(self) -> bool:
         return self.offset_ns != 0
+
+
+def in_range(t_ns: np.ndarray) -> np.ndarray:
+    """Which times lie strictly inside ``±TIME_LIMIT_NS``."""
+    return (t_ns > -TIME_LIMIT_NS) & (t_ns < TIME_LIMIT_NS)
 
 
 def row_kinds(
@@ -165,7 +174,12 @@ def _pair(server_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
     before = int(((lo > 0) | (hi < 0)).sum())
     at_guess = int(((lo > guess) | (hi < guess)).sum())
     n = len(lo)
-    applied = n >= MIN_REQUESTS and 2 * before > n and at_guess < before and abs(guess) > spread
+    applied = (
+        n >= MIN_REQUESTS
+        and 2 * before > n
+        and at_guess < before
+        and spread < abs(guess) < TIME_LIMIT_NS  # a moved time stays inside int64
+    )
     return ClockOffset(
         client_clock=CLIENT_CLOCK,
         server_clock=server_clock,
@@ -289,7 +303,7 @@ def estimate_offsets(table: pa.Table) -> list[ClockOffset]:
     stage, stage_values = col.codes(table.column("stage"))
     clock, clock_values = col.codes(table.column("clock"))
     start, end = col.int64(table.column("start_ns")), col.int64(table.column("end_ns"))
-    valid = (trace >= 0) & (end >= start)
+    valid = (trace >= 0) & (end >= start) & in_range(start) & in_range(end)
     for name in ("start_ns", "end_ns"):
         if table.column(name).null_count:
             valid &= np.asarray(pc.is_valid(table.column(name)).to_numpy(zero_copy_only=False))
@@ -310,14 +324,13 @@ def _requests(
     table: pa.Table, trace: np.ndarray, marks: np.ndarray, valid: np.ndarray
 ) -> tuple[np.ndarray, int]:
     """Request of each row as ``assemble`` groups them: traces holding a marked row, joined
-    by their first non-null ``request_id``."""
+    by their smallest non-null ``request_id``."""
     n_traces = int(trace.max(initial=-1)) + 1
     is_req = np.zeros(n_traces + 1, bool)
     is_req[trace[marks]] = True
     rid, rid_values = col.codes(table.column("request_id"))
-    rid_of_trace = np.full(n_traces, -1, np.int64)
     with_rid = valid & (rid >= 0) & is_req[trace]
-    rid_of_trace[trace[with_rid][::-1]] = rid[with_rid][::-1]  # first one wins
+    rid_of_trace = col.smallest_by_value(trace[with_rid], rid[with_rid], rid_values, n_traces)
     req_traces = np.flatnonzero(is_req[:n_traces])
     key = np.where(rid_of_trace >= 0, rid_of_trace, len(rid_values) + np.arange(n_traces))
     _, inv = np.unique(key[req_traces], return_inverse=True)

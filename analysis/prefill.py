@@ -58,7 +58,7 @@ def prefill_points(table: pa.Table) -> pd.DataFrame:
 
     Returns:
         One row per trace with at least one ``prefill.chunk`` span, in order of the
-        trace's first row: ``trace_id``, ``request_id`` (the trace's first non-null one),
+        trace's first row: ``trace_id``, ``request_id`` (the trace's smallest non-null one),
         ``condition`` (``cold``, ``prefix_hit`` or None: ``cached_tokens`` of the
         ``server`` span, else of the ``prefill`` and ``prefill.chunk`` spans, as in
         ``analysis.assemble``), ``computed_tokens`` (the chunks' ``chunk_tokens`` summed),

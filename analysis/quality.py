@@ -23,11 +23,13 @@ DEFECTS: tuple[str, ...] = (
     "outside_window",
     "clock_shift",
 )
-"""Every defect analysis counts; ``missing_field`` (a row without trace id or times) is
-ttft's addition to DESIGN.md's list."""
+"""Every defect analysis counts; ``missing_field`` (a row without trace id or times, or
+with a time outside ``analysis.clocks.TIME_LIMIT_NS``) is ttft's addition to DESIGN.md's
+list."""
 
 MEANING: dict[str, str] = {
-    "missing_field": "row without trace_id, start_ns or end_ns (row dropped)",
+    "missing_field": "row without trace_id, start_ns or end_ns, or with a time beyond "
+    "±2^62 ns, the years 1824-2116 (row dropped)",
     "end_before_start": "span with end_ns < start_ns (row dropped)",
     "no_window": "request without a TTFT window at the chosen boundary (left out)",
     "orphan_parent": "span whose parent_id is not in its request (attached to the root)",

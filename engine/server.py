@@ -11,7 +11,8 @@ server-sent events or not, OpenAI shapes), ``POST /tokenize``, ``POST /detokeniz
 
 Errors have OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: unknown
 model 404; invalid JSON, wrong types, ``max_tokens < 1``, a prompt that does not fit the
-context 400; a full waiting queue 429 with ``Retry-After``; a missing or wrong
+context 400; a body over ``MAX_BODY_BYTES`` (4 MiB) 413; a full waiting queue 429 with
+``Retry-After``; a missing or wrong
 ``Authorization: Bearer`` key 401 (``/health`` and ``/metrics`` stay open).
 
 Metrics (per application ``CollectorRegistry``; times are host clock, seen by the server):
@@ -56,6 +57,7 @@ from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ttft.engine._body_limit import BodyLimit
 from ttft.engine.model import ModelConfig, Transformer
 from ttft.engine.sampler import SamplingParams
 from ttft.engine.scheduler import Engine, EngineConfig, EngineStopped, QueueFull, RequestStream
@@ -163,6 +165,9 @@ def _error_response(err: APIError) -> JSONResponse:
     }
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
+
+MAX_BODY_BYTES = 4 << 20
+"""Largest request body accepted; a larger one is answered 413 before it is parsed."""
 
 _STATUS_LABEL = {400: "invalid", 401: "unauthorized", 404: "not_found", 429: "queue_full"}
 _STATUSES = ("ok", "cancelled", "invalid", "unauthorized", "not_found", "queue_full", "error")
@@ -712,7 +717,8 @@ def create_app(
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return TTFTMiddleware(app) if traced else app
+    limited = BodyLimit(app, MAX_BODY_BYTES)
+    return TTFTMiddleware(limited) if traced else limited
 
 
 def serve(
