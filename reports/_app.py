@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from enum import Enum
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -26,6 +27,11 @@ err = Console(stderr=True, highlight=False)
 
 BoundaryName = Enum("BoundaryName", {b: b for b in BOUNDARY_NAMES}, type=str)  # type: ignore[misc]
 PolicyName = Enum("PolicyName", {p: p for p in POLICIES}, type=str)  # type: ignore[misc]
+BoundaryOption = Annotated[
+    BoundaryName | None,
+    typer.Option(help="TTFT boundary (default: the outermost the trace supports)"),
+]
+PolicyOption = Annotated[PolicyName, typer.Option(help="how overlapping spans share a segment")]
 
 
 def fail(message: str) -> typer.Exit:

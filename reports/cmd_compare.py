@@ -14,7 +14,16 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
+from ttft.reports._app import (
+    BoundaryName,
+    PolicyName,
+    PolicyOption,
+    app,
+    err,
+    fail,
+    progress,
+    stdout_console,
+)
 from ttft.reports._load import FormatOption, MappingOption
 from ttft.tracer.schema import BOUNDARY_NAMES, CONDITIONS
 
@@ -39,9 +48,7 @@ def compare(
         BoundaryName | None,
         typer.Option(help="TTFT boundary (default: the outermost both traces support)"),
     ] = None,
-    policy: Annotated[
-        PolicyName, typer.Option(help="how overlapping spans share a segment")
-    ] = PolicyName["exclusive"],
+    policy: PolicyOption = PolicyName["exclusive"],
     resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples per trace")] = 1000,
     seed: Annotated[int, typer.Option(min=0, help="seed of the bootstrap")] = 0,
     format: FormatOption = None,

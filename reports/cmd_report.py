@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
+from ttft.reports._app import (
+    BoundaryOption,
+    PolicyName,
+    PolicyOption,
+    app,
+    err,
+    fail,
+    progress,
+    stdout_console,
+)
 from ttft.reports._load import (
     FormatOption,
     MappingOption,
@@ -32,13 +41,8 @@ def report(
             "without it the report is printed in the terminal",
         ),
     ] = None,
-    boundary: Annotated[
-        BoundaryName | None,
-        typer.Option(help="TTFT boundary (default: the outermost the trace supports)"),
-    ] = None,
-    policy: Annotated[
-        PolicyName, typer.Option(help="how overlapping spans share a segment")
-    ] = PolicyName["exclusive"],
+    boundary: BoundaryOption = None,
+    policy: PolicyOption = PolicyName["exclusive"],
     format: FormatOption = None,
     mapping: MappingOption = None,
     peak_tflops: PeakTflopsOption = None,

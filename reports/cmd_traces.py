@@ -10,7 +10,16 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports._app import BoundaryName, PolicyName, app, err, fail, progress, stdout_console
+from ttft.reports._app import (
+    BoundaryOption,
+    PolicyName,
+    PolicyOption,
+    app,
+    err,
+    fail,
+    progress,
+    stdout_console,
+)
 from ttft.reports._load import (
     FormatOption,
     MappingOption,
@@ -59,13 +68,8 @@ def synth(
 @app.command()
 def analyze(
     trace: TraceArgument,
-    boundary: Annotated[
-        BoundaryName | None,
-        typer.Option(help="TTFT boundary (default: the outermost the trace supports)"),
-    ] = None,
-    policy: Annotated[
-        PolicyName, typer.Option(help="how overlapping spans share a segment")
-    ] = PolicyName["exclusive"],
+    boundary: BoundaryOption = None,
+    policy: PolicyOption = PolicyName["exclusive"],
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
     per_request: Annotated[
         Path | None,
