@@ -63,3 +63,13 @@ def ids(span) -> tuple[str, str]:
     """An SDK span's (trace id, span id) as ttft writes them: lowercase hex."""
     context = span.get_span_context()
     return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+
+def wait_until(predicate, timeout_s: float = TIMEOUT_S) -> bool:
+    """Poll ``predicate`` every 10 ms until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

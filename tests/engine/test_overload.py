@@ -36,20 +36,12 @@ from collections import Counter
 import httpx
 import numpy as np
 import pytest
+from _live import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "ttft-tiny"
 WAIT_S = 30.0  # the longest any single wait of these tests may take
 PROMPT = "Once upon a time there was a little dog who ran across the green field and"
-
-
-def wait_until(predicate, timeout_s: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def rss_bytes() -> int:
@@ -300,7 +292,7 @@ def test_overload_sheds_with_429_and_keeps_admitted_ttft_bounded(load_s, caplog)
 
             # The server survived and still serves.
             assert httpx.get(f"{url}/health", timeout=WAIT_S).status_code == 200
-            assert wait_until(lambda: engine_idle(engine)), (
+            assert wait_until(lambda: engine_idle(engine), WAIT_S), (
                 engine.num_running,
                 engine.num_waiting,
                 engine.cache.blocks_in_use(),
@@ -458,7 +450,7 @@ def test_clients_that_go_away_release_their_kv_blocks(n_clients, caplog, collect
         assert outcomes["mid_stream"] + outcomes["finished"] == n_clients - n_before
 
         # No request keeps a K/V block once its client is gone.
-        assert wait_until(lambda: engine_idle(engine)), (
+        assert wait_until(lambda: engine_idle(engine), WAIT_S), (
             engine.num_running,
             engine.num_waiting,
             engine.cache.blocks_in_use(),
@@ -482,7 +474,7 @@ def test_clients_that_go_away_release_their_kv_blocks(n_clients, caplog, collect
         assert r.status_code == 200
         usage = r.json()["usage"]
         assert 1 <= usage["completion_tokens"] <= 8
-        assert wait_until(lambda: engine_idle(engine))
+        assert wait_until(lambda: engine_idle(engine), WAIT_S)
 
         # The engine closed every request it was handed with exactly one ``queue`` span
         # (admitted, or cancelled while waiting): the cancelled ones and the last one.

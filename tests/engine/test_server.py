@@ -5,12 +5,11 @@ streaming, usage, errors, cancellation on disconnect, metrics and tracing."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import openai
 import pytest
-from _live import Collect, running
+from _live import Collect, running, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 import ttft.tracer as tt
@@ -20,15 +19,6 @@ MODEL = "ttft-tiny"
 KEY = "sekret"
 TIMEOUT_S = 20.0
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
-
-
-def wait_for(predicate, timeout_s: float = TIMEOUT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +216,7 @@ def test_api_key_and_full_queue(guarded):
     )
     first.start()
     try:
-        assert wait_for(lambda: engine.num_waiting == 1)
+        assert wait_until(lambda: engine.num_waiting == 1)
         r = httpx.post(
             f"{url}/v1/completions",
             json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
@@ -259,9 +249,9 @@ def test_disconnect_mid_stream_frees_the_kv_cache(live):
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
             was_running = engine.num_running > 0
-    assert wait_for(lambda: engine.cache.blocks_in_use() == 0 and engine.num_running == 0)
+    assert wait_until(lambda: engine.cache.blocks_in_use() == 0 and engine.num_running == 0)
     if was_running:
-        assert wait_for(
+        assert wait_until(
             lambda: (
                 metrics(url)["ttft:requests_total"].get((("status", "cancelled"),), 0) == before + 1
             )
@@ -298,7 +288,7 @@ def test_spans_join_the_clients_trace_and_first_byte_is_the_first_content(live):
             )
         )
         rid = chunks[0].id
-        assert wait_for(
+        assert wait_until(
             lambda: (
                 tracing.flush(5.0) is not None and any(s.name == "server" for s in exporter.spans)
             )

@@ -8,6 +8,7 @@ import math
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from _traces import scaled
 from typer.testing import CliRunner
 
 from ttft.collectors.store import write_trace
@@ -16,19 +17,6 @@ from ttft.reports.cli import app
 
 runner = CliRunner()
 FAST = ["--resamples", "300"]
-
-
-def scaled(table: pa.Table, num: int, den: int) -> pa.Table:
-    """Every time scaled by num/den around the earliest start (every duration too)."""
-    start = table.column("start_ns").to_numpy()
-    end = table.column("end_ns").to_numpy()
-    t0 = start.min()
-    for name, values in (("start_ns", start), ("end_ns", end)):
-        i = table.schema.get_field_index(name)
-        table = table.set_column(
-            i, table.schema.field(i), pa.array(t0 + (values - t0) * num // den)
-        )
-    return table
 
 
 @pytest.fixture(scope="module")
