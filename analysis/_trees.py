@@ -95,7 +95,7 @@ def resolve_trees(
 
         for name in ("client", "server"):
             mine = keep & (stage == CODE[name])
-            first = np.where(mine, start, MAX_NS).argmin(axis=1)
+            first = _earliest(mine, start, end, hi, lo)
             has = mine.any(axis=1)
             rows = np.arange(len(ids))
             out[f"{name}_root"][ids] = np.where(has, first, -1)
@@ -106,7 +106,7 @@ def resolve_trees(
             earliest = np.where(mine, start, MAX_NS).min(axis=1)
             out[f"{name}_start"][ids] = np.where(mine.any(axis=1), earliest, NONE_NS)
         sample = keep & (stage == CODE["sample"])
-        first = np.where(sample, start, MAX_NS).argmin(axis=1)
+        first = _earliest(sample, start, end, hi, lo)
         out["sample_end"][ids] = np.where(
             sample.any(axis=1), end[np.arange(len(ids)), first], NONE_NS
         )
@@ -122,6 +122,24 @@ def resolve_trees(
             outside |= cand & ((end < lo) | (start > hi))
         out["outside"][ids] = outside.sum(axis=1)
     return out
+
+
+def _earliest(
+    mine: np.ndarray, start: np.ndarray, end: np.ndarray, hi: np.ndarray, lo: np.ndarray
+) -> np.ndarray:
+    """Per row of a block, the column of the earliest-starting span among ``mine`` (0 when
+    none): ties go to the longest, then to the smallest span id, so which of two spans
+    starting together becomes the root never depends on row order."""
+    cand = mine.copy()
+    for values, lowest in ((start, True), (end, False), (hi, True), (lo, True)):
+        if values.dtype.kind == "u":
+            fill = np.iinfo(values.dtype).max if lowest else 0
+        else:
+            fill = np.iinfo(values.dtype).max if lowest else np.iinfo(values.dtype).min
+        masked = np.where(cand, values, fill)
+        best = masked.min(axis=1, keepdims=True) if lowest else masked.max(axis=1, keepdims=True)
+        cand &= masked == best
+    return cand.argmax(axis=1)
 
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)

@@ -668,3 +668,16 @@ def test_every_changed_byte_is_read_or_refused_cleanly(stride, tmp_path):
             assert (attr.attributed.to_numpy().sum(axis=1) == attr.requests["ttft_ns"]).all()
         outcomes["read"] += 1
     assert outcomes["refused"] > 0 and outcomes["read"] > 0, outcomes
+
+
+def test_two_roots_starting_together_are_chosen_by_value_not_row_order():
+    """Found by the full run: a trace's client span given a token event's id (a duplicate
+    id) next to four exact copies of the original client span, all starting together.
+    The root was the first of them in row order, so a shuffle changed the parts."""
+    recipe = (
+        5,
+        1,
+        (("swap", [1]), ("duplicate_rows", [0, 0, 0, 0]), ("duplicate_ids", [(65536, 0)])),
+        0,
+    )
+    check(*apply(recipe))
