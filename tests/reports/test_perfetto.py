@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from _build import event, row, table, tid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -16,40 +17,10 @@ from ttft.collectors.store import write_trace
 from ttft.collectors.synthetic import generate
 from ttft.reports.cli import app
 from ttft.reports.perfetto import perfetto_events, request_traces, validate_events
-from ttft.tracer.schema import BOUNDARY_EVENTS, SPAN_SCHEMA, stage_of
+from ttft.tracer.schema import BOUNDARY_EVENTS
 
 runner = CliRunner()
 ENGINE = ("step", "forward", "gpu")
-
-
-def tid(n: int) -> str:
-    return format(n, "032x")
-
-
-def row(
-    trace: int,
-    span: int,
-    name: str,
-    start_ns: int,
-    end_ns: int,
-    *,
-    parent: int | None = None,
-    stage: str | None = None,
-    clock: str = "host:test",
-    service: str = "engine",
-) -> dict:
-    return {"trace_id": tid(trace), "span_id": format(span, "016x"),
-            "parent_id": None if parent is None else format(parent, "016x"), "request_id": None,
-            "name": name, "stage": stage or stage_of(name), "start_ns": start_ns,
-            "end_ns": end_ns, "clock": clock, "service": service, "attributes": "{}"}  # fmt: skip
-
-
-def event(trace: int, span: int, name: str, t_ns: int, **kw) -> dict:
-    return row(trace, span, name, t_ns, t_ns, stage="event", **kw)
-
-
-def table(rows: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(rows, schema=SPAN_SCHEMA)
 
 
 @pytest.fixture(scope="module")
