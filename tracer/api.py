@@ -308,3 +308,22 @@ def link_step(step_span: stage, request_ids: Iterable[str]) -> None:
             links.append((ref.trace_id, ref.span_id, {"request_id": rid}))
     step_span.links = links
     step_span.set(request_ids=ids)
+
+
+def add_link(span: stage, target: ctx.SpanRef | None, **attributes: Any) -> bool:
+    """Link the open ``span`` to ``target`` (a span in another trace, e.g. a request an
+    engine step serves), with the link's ``attributes``.
+
+    A ``target`` that is None or has no span (span id 0, a trace root such as
+    ``new_request_root`` gives) is not linked. Call before ``span`` ends: the recorder reads
+    its links then. Never raises because of tracing.
+
+    Returns:
+        Whether a link was added.
+    """
+    if target is None or not target.span_id:
+        return False
+    if span.links is None:
+        span.links = []
+    span.links.append((target.trace_id, target.span_id, attributes))
+    return True

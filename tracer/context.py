@@ -69,6 +69,24 @@ requests: dict[str, SpanRef] = {}
 """request id → the request's outermost open span (or its remote parent)."""
 
 
+def request_parent(request_id: str) -> SpanRef | None:
+    """The span a new stage of request ``request_id`` nests under, or None when the request
+    has no open span: the current span of this thread or task when it belongs to that
+    request, else the span registered for the request (its latest open stage, or its
+    ``request_context`` root), found from any thread. Never raises."""
+    cur = current.get()
+    if cur is not None and cur.request_id == request_id:
+        return cur
+    return requests.get(request_id)
+
+
+def new_request_root(request_id: str) -> SpanRef:
+    """The root of a new trace for a request that has no open span (``request_parent`` is
+    None): a fresh trace id and no span of its own (span id 0), so the spans recorded under
+    it share one trace and are its top-level spans. Nothing is registered or recorded."""
+    return SpanRef(new_trace_id(), 0, request_id)
+
+
 def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:
     """``(trace_id, parent span id, sampled)`` of a W3C ``traceparent``; None if absent or
     invalid (version ``ff``, all-zero ids, bad format), as the W3C spec says to ignore it."""

@@ -4,12 +4,12 @@ The traced thread appends one tuple per span to a bounded queue (``collections.d
 appends are atomic under the GIL, no lock) and never blocks or raises: when the queue
 holds ``capacity`` records, the record is dropped and counted. A daemon thread drains the
 queue every ``flush_interval_s`` (or as soon as it is half full), turns records into
-OpenTelemetry ``ReadableSpan``s and hands each batch to every exporter's own thread, which
-keeps a backlog of at most ``capacity`` spans. So an exporter that raises or returns
-FAILURE loses that batch for itself only (counted as ``failed``), and one that is slow or
-hangs fills only its own backlog (what does not fit is dropped and counted): the other
-exporters, the queue and the traced thread never wait for it, nor does ``shutdown`` past
-its timeout.
+OpenTelemetry ``ReadableSpan``s and hands each batch to every exporter's own thread
+(``ttft.tracer._outlet``), which keeps a backlog of at most ``capacity`` spans. So an
+exporter that raises or returns FAILURE loses that batch for itself only (counted as
+``failed``), and one that is slow or hangs fills only its own backlog (what does not fit
+is dropped and counted): the other exporters, the queue and the traced thread never wait
+for it, nor does ``shutdown`` past its timeout.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
+from ttft.tracer._outlet import Outlet
 from ttft.tracer.schema import ATTR_CLOCK, ATTR_REQUEST_ID, ATTR_STAGE, stage_of
 
 logger = logging.getLogger(__name__)
@@ -93,111 +94,6 @@ def _value(value: Any) -> Any:
 _context = _pick_context_factory()
 
 
-_DONE = threading.Event()
-_DONE.set()
-
-
-class _Call:
-    """A call to run on an outlet's thread after the batches queued before it."""
-
-    def __init__(self, kind: str, deadline_s: float) -> None:
-        self.kind = kind  # "flush" or "shutdown"
-        self.deadline_s = deadline_s  # time.monotonic() by which it should return
-        self.done = threading.Event()
-
-
-class _Outlet:
-    """One exporter, its thread and its bounded backlog of batches.
-
-    ``offer`` never blocks: spans that do not fit in the backlog are dropped and counted.
-    The exporter is called only on this thread: ``export`` for each batch in order, and
-    ``force_flush`` or ``shutdown`` when asked, after the batches offered before.
-    """
-
-    def __init__(self, exporter: SpanExporter, capacity: int) -> None:
-        self.exporter = exporter
-        self.name = type(exporter).__name__
-        self.capacity = capacity
-        self._items: deque[list[ReadableSpan] | _Call] = deque()
-        self._cond = threading.Condition()
-        self._flush: _Call | None = None  # a queued flush that has not started yet
-        self._stopping = False
-        self.pending = self.exported = self.failed = self.dropped = 0
-        self._thread = threading.Thread(target=self._run, name=f"ttft-export:{self.name}",
-                                        daemon=True)
-        self._thread.start()
-
-    def offer(self, spans: list[ReadableSpan]) -> None:
-        with self._cond:
-            room = 0 if self._stopping else max(0, self.capacity - self.pending)
-            taken = spans if len(spans) <= room else spans[:room]
-            self.dropped += len(spans) - len(taken)
-            if taken:
-                self.pending += len(taken)
-                self._items.append(taken)
-                self._cond.notify()
-
-    def request(self, kind: str, deadline_s: float) -> threading.Event:
-        """Queue a ``force_flush`` ("flush") or ``shutdown`` call; its event is set when it
-        returned. A flush still waiting in the queue is reused (with the later deadline)."""
-        with self._cond:
-            if self._stopping:  # shut down (or being shut down): nothing more to do here
-                return _DONE
-            if kind == "flush" and self._flush is not None:
-                self._flush.deadline_s = max(self._flush.deadline_s, deadline_s)
-                return self._flush.done
-            call = _Call(kind, deadline_s)
-            if kind == "flush":
-                self._flush = call
-            else:
-                self._stopping = True
-            self._items.append(call)
-            self._cond.notify()
-            return call.done
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._items:
-                    self._cond.wait()
-                item = self._items.popleft()
-                if item is self._flush:
-                    self._flush = None
-            if isinstance(item, _Call):
-                self._call(item)
-                if item.kind == "shutdown":
-                    return
-                continue
-            try:
-                ok = self.exporter.export(item) == SpanExportResult.SUCCESS
-            except Exception:
-                logger.exception("ttft recorder: %s.export raised", self.name)
-                ok = False
-            with self._cond:
-                self.pending -= len(item)
-                if ok:
-                    self.exported += len(item)
-                else:
-                    self.failed += len(item)
-
-    def _call(self, call: _Call) -> None:
-        try:
-            if call.kind == "flush":
-                self.exporter.force_flush(max(0, int((call.deadline_s - time.monotonic()) * 1000)))
-            else:
-                self.exporter.shutdown()
-        except Exception:
-            logger.exception("ttft recorder: %s.%s raised", self.name,
-                             "force_flush" if call.kind == "flush" else "shutdown")
-        finally:
-            call.done.set()
-
-    def counts(self) -> tuple[int, int, int, int]:
-        """(exported, dropped, failed, pending) spans of this exporter."""
-        with self._cond:
-            return self.exported, self.dropped, self.failed, self.pending
-
-
 class Recorder:
     """Bounded queue of finished spans and the thread that exports them.
 
@@ -225,7 +121,7 @@ class Recorder:
         offset_ns: int = 0,
     ) -> None:
         self.exporters = list(exporters)
-        self._outlets = [_Outlet(exporter, capacity) for exporter in self.exporters]
+        self._outlets = [Outlet(exporter, capacity) for exporter in self.exporters]
         self.resource = resource
         self.capacity = capacity
         self.default_clock = default_clock

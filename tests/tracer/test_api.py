@@ -14,8 +14,8 @@ from _live import Collect
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import ttft.tracer as tt
+from ttft.collectors import read_spans
 from ttft.collectors.otel_exporter import ParquetSpanExporter
-from ttft.collectors.store import read_trace
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -267,7 +267,7 @@ def test_parquet_round_trip_through_the_exporter(tmp_path):
             pass
         tt.event("first_byte")
     tracing.shutdown()
-    rows = read_trace(path).to_pandas().set_index("name")
+    rows = read_spans(path).to_pandas().set_index("name")
     assert rows.loc["server", "parent_id"] == "b7ad6b7169203331"
     assert rows.loc["prefill.chunk", "stage"] == "prefill.chunk"
     assert json.loads(rows.loc["prefill.chunk", "attributes"]) == {"step_id": 4, "cached_tokens": 0}

@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 import ttft.tracer as tt
+from ttft.collectors import read_spans
 from ttft.collectors.otel_exporter import ParquetSpanExporter
-from ttft.collectors.store import read_trace
 from ttft.tracer.asgi import TTFTMiddleware
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -161,7 +161,7 @@ class Traced:
 
     def rows(self) -> pd.DataFrame:
         self.tracing.shutdown()
-        rows = read_trace(self.path).to_pandas()
+        rows = read_spans(self.path).to_pandas()
         rows["stage"] = rows["stage"].astype(str)
         rows["attributes"] = rows["attributes"].map(json.loads)
         return rows
@@ -501,7 +501,7 @@ def test_non_inference_paths_and_unsampled_requests_are_not_traced(tmp_path):
         asyncio.run(call("/v1/completions", {"traceparent": unsampled[:-2] + "01"}))
     finally:
         tracing.shutdown()
-    rows = read_trace(tmp_path / "t.parquet").to_pandas()
+    rows = read_spans(tmp_path / "t.parquet").to_pandas()
     servers = rows[rows.name == "server"]
     assert [json.loads(a)["path"] for a in servers.attributes] == ["/v1/completions"]
     assert list(servers.trace_id) == ["ab" * 16]

@@ -29,10 +29,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client.parser import text_string_to_metric_families
 
 import ttft.tracer as tt
+from ttft.collectors import read_spans
 from ttft.collectors.otel_exporter import ParquetSpanExporter
-from ttft.collectors.store import read_trace
-from ttft.engine.inprocess import serving
-from ttft.engine.server import build_engine
+from ttft.engine.server import build_engine, serving
 
 MODEL = "tiny"
 TIMEOUT_S = 20.0
@@ -253,7 +252,7 @@ def test_an_unusable_trace_directory_costs_only_its_spans(url, traced, tmp_path,
     # every span handed to the writer is in a part it wrote, or counted lost (one row each):
     # everything up to the break (flushed just before it), nothing after it
     assert writer.rows_written + writer.dropped_rows == len(good.spans)
-    assert read_trace(moved).num_rows == writer.rows_written == handed_before[0]
+    assert read_spans(moved).num_rows == writer.rows_written == handed_before[0]
     assert writer.dropped_rows >= counts.failed
     assert f"{writer.dropped_rows} span rows lost to failed writes" in caplog.text
     assert shutdown_summary(caplog, result).levelno == logging.WARNING

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import ttft.tracer as tt
+from ttft.collectors import read_spans
 from ttft.collectors.otel_exporter import ParquetSpanExporter
-from ttft.collectors.store import read_trace
-from ttft.tracer.torch_hooks import CudaEvents, GpuResolver, instrument_module
+from ttft.tracer.gpu_resolver import CudaEvents, GpuResolver
+from ttft.tracer.torch_hooks import instrument_module
 
 B, T, D, VOCAB = 2, 5, 16, 50
 
@@ -29,7 +30,7 @@ def trace(tmp_path):
     class Trace:
         def rows(self):
             tracing.shutdown()
-            frame = read_trace(path).to_pandas()
+            frame = read_spans(path).to_pandas()
             frame["props"] = [json.loads(a) if a else {} for a in frame["attributes"]]
             return frame
 
