@@ -89,6 +89,25 @@ class PrefixCache:
 
     # -- lookup -------------------------------------------------------------------------
 
+    def _longest(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
+        """(blocks, keys) of the longest cached chain prefixing ``token_ids``, leaving at
+        least one token to compute."""
+        max_blocks = max(len(token_ids) - 1, 0) // self.block_size
+        blocks: list[int] = []
+        keys: list[int] = []
+        for key, parent, tokens in self._chain(token_ids, max_blocks):
+            entry = self._entries.get(key)
+            if entry is None or entry.parent != parent or entry.tokens != tokens:
+                break
+            blocks.append(entry.block)
+            keys.append(key)
+        return blocks, keys
+
+    def peek(self, token_ids: list[int]) -> list[int]:
+        """The blocks ``match`` would return now, without counting a hit or a miss and
+        without refreshing their LRU order (a scheduler's look before it decides)."""
+        return self._longest(token_ids)[0]
+
     def match(self, token_ids: list[int]) -> tuple[list[int], int]:
         """The longest cached chain of full blocks that prefixes ``token_ids``.
 
@@ -100,15 +119,7 @@ class PrefixCache:
             The blocks are only lent: ``attach`` them to a request before anything can
             evict (``evict``/``ensure_free``).
         """
-        max_blocks = max(len(token_ids) - 1, 0) // self.block_size
-        blocks: list[int] = []
-        keys: list[int] = []
-        for key, parent, tokens in self._chain(token_ids, max_blocks):
-            entry = self._entries.get(key)
-            if entry is None or entry.parent != parent or entry.tokens != tokens:
-                break
-            blocks.append(entry.block)
-            keys.append(key)
+        blocks, keys = self._longest(token_ids)
         self._touch(keys)
         cached_tokens = len(blocks) * self.block_size
         if blocks:
@@ -205,6 +216,16 @@ class PrefixCache:
             self.cache.release(entry.block)
             self.evicted_blocks += 1
         return freed
+
+    def num_reclaimable(self) -> int:
+        """Blocks held only by the prefix cache: what evicting everything would free."""
+        return sum(1 for e in self._entries.values() if self._evictable(e))
+
+    def reclaimable(self, blocks: list[int]) -> frozenset[int]:
+        """The ``blocks`` (cached ones, as ``peek`` returns) held only by the prefix cache:
+        attaching them to a request takes them out of ``num_reclaimable``."""
+        refs = self.cache.allocator.ref_counts
+        return frozenset(b for b in blocks if b in self._key_of_block and refs[b] == 1)
 
     def evict(self, n_blocks: int) -> int:
         """Free up to ``n_blocks`` blocks held only by the prefix cache, least recently

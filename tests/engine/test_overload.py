@@ -269,8 +269,7 @@ def test_overload_sheds_with_429_and_keeps_admitted_ttft_bounded(load_s, caplog)
     child = ctx.Process(target=load_child, args=(child_end,), daemon=True)
     child.start()  # imports while this process imports torch and builds the engine
     try:
-        from ttft.engine.inprocess import serving
-        from ttft.engine.server import build_engine
+        from ttft.engine.server import build_engine, serving
 
         engine = build_engine(
             "tiny",
@@ -429,8 +428,7 @@ async def aborting_client(port: int, request: bytes, tokens: int, reset: bool, d
     [pytest.param(40, id="short"), pytest.param(200, id="full", marks=pytest.mark.stress)],
 )
 def test_clients_that_go_away_release_their_kv_blocks(n_clients, caplog, collect):
-    from ttft.engine.inprocess import serving
-    from ttft.engine.server import build_engine
+    from ttft.engine.server import build_engine, serving
 
     # Traced, as ``ttft serve`` is (cut prefills and cancelled waits record their spans);
     # a queue that takes every client: the aborts, not 429s, are under test.

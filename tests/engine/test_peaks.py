@@ -10,10 +10,9 @@ import time
 import pytest
 import torch
 
-from ttft.engine import peaks
+from ttft.engine import Engine, EngineConfig, peaks
 from ttft.engine.model import ModelConfig, Transformer
 from ttft.engine.peaks import ENGINE_INFO, measure_peaks, record_engine_info
-from ttft.engine.scheduler import Engine, EngineConfig
 from ttft.engine.tokenizer import Tokenizer
 
 MEASURED = {"peak_flops_per_s", "peak_bytes_per_s", "peaks_source", "matmul_dtype"}

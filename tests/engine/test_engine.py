@@ -13,9 +13,9 @@ import pytest
 from _live import Collect
 
 import ttft.tracer as tt
+from ttft.engine import Engine, EngineConfig, EngineStopped, QueueFull
 from ttft.engine.kv_cache import PagedKVCache
 from ttft.engine.model import ModelConfig, Transformer, greedy
-from ttft.engine.scheduler import Engine, EngineConfig, EngineStopped, QueueFull
 from ttft.engine.tokenizer import Tokenizer
 
 SMALL = dict(max_batch_tokens=40, chunk_size=16, block_size=8, num_blocks=512)

@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ttft.engine.server.errors import APIError
+
+__all__ = ["MAX_BODY_BYTES", "BodyLimit"]
+
 Scope = dict[str, Any]
+
+MAX_BODY_BYTES = 4 << 20
+"""Largest request body the server accepts; a larger one is answered 413 before it is
+parsed."""
 
 
 class BodyLimit:
@@ -55,16 +63,8 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send: Any) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "message": f"request body larger than {self.max_bytes} bytes",
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "request_too_large",
-                }
-            }
-        ).encode()
+        message = f"request body larger than {self.max_bytes} bytes"
+        body = json.dumps(APIError(413, message, code="request_too_large").body()).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -9,7 +9,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ttft.engine.scheduler import Engine
+from ttft.engine.engine import Engine
+from ttft.engine.server.app import create_app
 
 __all__ = ["free_port", "serving"]
 
@@ -39,8 +40,6 @@ def serving(
         RuntimeError: the server did not start within ``start_timeout_s``.
     """
     import uvicorn
-
-    from ttft.engine.server import create_app
 
     server = uvicorn.Server(
         uvicorn.Config(

@@ -1,0 +1,136 @@
+"""The application: ``create_app`` (the routes, the error handlers, the body limit and
+``TTFTMiddleware`` around them), ``build_engine`` (an engine from a model preset) and
+``serve`` (uvicorn with the tracer configured, spans flushed on exit)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI
+
+from ttft.engine.config import EngineConfig
+from ttft.engine.engine import Engine
+from ttft.engine.model import ModelConfig, Transformer
+from ttft.engine.server.body_limit import MAX_BODY_BYTES, BodyLimit
+from ttft.engine.server.errors import add_error_handlers
+from ttft.engine.server.metrics import Metrics
+from ttft.engine.server.routes import ServerState, router
+from ttft.engine.tokenizer import Tokenizer
+from ttft.tracer.asgi import TTFTMiddleware
+
+__all__ = ["build_engine", "create_app", "serve"]
+
+_STOP_TIMEOUT_S = 5.0
+
+
+def build_engine(
+    model: str = "tiny",
+    device: str = "auto",
+    seed: int = 0,
+    max_batch_tokens: int = 512,
+    chunk_size: int = 256,
+    max_queue: int = 64,
+    inject_delay_ms: dict[str, float] | None = None,
+    tokenizer_cache_dir: str | None = None,
+    measure_peaks: bool | None = None,
+) -> Engine:
+    """A (not yet started) engine over a random-weight model of preset ``model``.
+
+    ``measure_peaks``: measure the device's peaks at start-up for the ``engine_info``
+    event (``Engine.start``); None measures only when tracing is configured.
+
+    Raises:
+        ValueError: unknown preset or an invalid engine configuration.
+    """
+    config = ModelConfig.preset(model)
+    net = Transformer.from_config(config, seed=seed, device=device)
+    tokenizer = Tokenizer.load(vocab_size=config.vocab_size, cache_dir=tokenizer_cache_dir)
+    engine_config = EngineConfig(
+        max_batch_tokens=max_batch_tokens,
+        chunk_size=min(chunk_size, max_batch_tokens),
+        max_queue=max_queue,
+        max_running=min(16, max_batch_tokens),
+        inject_delay_ms=dict(inject_delay_ms or {}),
+    )
+    return Engine(net, tokenizer, engine_config, measure_peaks=measure_peaks)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start the engine (unless the caller did); stop it, bounded, on shutdown."""
+    state: ServerState = app.state.ttft
+    with contextlib.suppress(RuntimeError):  # already started by the caller
+        state.engine.start()
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(state.engine.stop, state.stop_timeout_s)
+
+
+def create_app(
+    engine: Engine,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    traced: bool = True,
+    stop_timeout_s: float = _STOP_TIMEOUT_S,
+) -> Any:
+    """An OpenAI-compatible ASGI application serving ``engine`` as model ``model_name``
+    (endpoints: ``ttft.engine.server.routes``).
+
+    A body over ``MAX_BODY_BYTES`` is answered 413 before it is parsed.
+
+    Args:
+        engine: started by the application's lifespan (if not yet) and stopped on shutdown.
+        model_name: the only model the server accepts (404 for others).
+        api_key: when set, ``/v1/*``, ``/tokenize`` and ``/detokenize`` need
+            ``Authorization: Bearer <api_key>``.
+        traced: wrap the application in ``TTFTMiddleware`` (default).
+        stop_timeout_s: the longest shutdown waits for the engine's worker.
+    """
+    app = FastAPI(title="ttft", lifespan=_lifespan, docs_url=None, redoc_url=None)
+    app.state.ttft = ServerState(
+        engine, model_name, Metrics(), api_key, int(time.time()), stop_timeout_s
+    )
+    add_error_handlers(app)
+    app.include_router(router)
+    limited = BodyLimit(app, MAX_BODY_BYTES)
+    return TTFTMiddleware(limited) if traced else limited
+
+
+def serve(
+    engine: Engine,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    exporters: Sequence[Any] = (),
+    model_name: str = "ttft-tiny",
+    drain_s: float = 5.0,
+    log_level: str = "info",
+) -> None:
+    """Serve ``engine`` with uvicorn until SIGINT/SIGTERM, tracing to ``exporters``.
+
+    On a signal uvicorn stops accepting, lets live requests finish for at most ``drain_s``,
+    runs the lifespan shutdown (the engine stops), then the tracer flushes its spans.
+    """
+    import uvicorn
+
+    from ttft.tracer import configure
+
+    tracing = configure("ttft-server", exporters)
+    try:
+        app = create_app(engine, model_name=model_name, api_key=api_key)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=max(1, round(drain_s)),
+        )
+        uvicorn.Server(config).run()
+    finally:
+        tracing.shutdown()

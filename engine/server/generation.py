@@ -1,0 +1,213 @@
+"""One generation as the server answers it: the engine's token events turned into text
+pieces (stop strings cut the text; text that may begin a stop string is held back until
+later tokens tell), the usage body, the request's metrics, and the answer itself, whole
+(``complete``) or as server-sent events (``stream``).
+
+A generation left early (the client went away, the server shuts down, an error) cancels
+its engine request, so its K/V blocks are freed at the engine's next iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from ttft.engine.engine import EngineStopped
+from ttft.engine.server.errors import APIError
+from ttft.engine.server.metrics import Metrics
+from ttft.engine.server.models import Response
+from ttft.engine.stream import RequestStream, TokenEvent
+from ttft.tracer import clock_ns
+
+__all__ = ["Generation", "complete", "held_back", "sse", "stream"]
+
+log = logging.getLogger(__name__)
+_DONE = b"data: [DONE]\n\n"
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of ``text`` may begin a stop string."""
+    held = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:k]):
+                held = k
+                break
+    return held
+
+
+def _usage(event: TokenEvent) -> dict[str, Any]:
+    """OpenAI's usage body from a request's last token event."""
+    u = event.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+@dataclass
+class Outcome:
+    """How a generation ended: its ``finish_reason`` and usage body, once it ended."""
+
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+class Generation:
+    """Runs one submitted request: yields text pieces, applies stop strings, records
+    metrics, and cancels the engine request when it is left early.
+
+    Args:
+        stream: the engine request's token stream.
+        stops: the stop strings (empty ones ignored).
+        metrics: the application's metrics.
+        received_ns: when the endpoint received the request (``clock_ns()``).
+    """
+
+    def __init__(
+        self, stream: RequestStream, stops: Sequence[str], metrics: Metrics, received_ns: int
+    ) -> None:
+        self.stream = stream
+        self.stops = [s for s in stops if s]
+        self.metrics = metrics
+        self.received_ns = received_ns
+        self.outcome = Outcome()
+        self._accounted = False
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The text as it becomes safe to send; ``outcome`` is set once it ends."""
+        full, emitted, last = "", 0, None
+        try:
+            async for ev in self.stream:
+                if last is None:
+                    self._first_token()
+                last = ev
+                full += ev.text
+                cut = min((i for i in (full.find(s) for s in self.stops) if i >= 0), default=-1)
+                if cut >= 0:
+                    if cut > emitted:
+                        yield full[emitted:cut]
+                    emitted = cut
+                    self.outcome.finish_reason = "stop"
+                    self.stream.cancel()
+                    break
+                if ev.finished:
+                    if len(full) > emitted:
+                        yield full[emitted:]
+                    emitted = len(full)
+                    self.outcome.finish_reason = ev.finish_reason or "stop"
+                    break
+                safe = len(full) - held_back(full, self.stops)
+                if safe > emitted:
+                    yield full[emitted:safe]
+                    emitted = safe
+            if last is not None:
+                self.outcome.usage = _usage(last)
+            self._account("ok", last)
+        except BaseException:
+            self.stream.cancel()
+            self._account("cancelled", last)
+            raise
+
+    def close(self) -> None:
+        """Cancel the engine request unless it finished (idempotent)."""
+        self.stream.cancel()
+        self._account("cancelled", None)
+
+    def _first_token(self) -> None:
+        now_ns = clock_ns()
+        m = self.metrics
+        m.ttft.observe((now_ns - self.received_ns) / 1e9)
+        queue_s, admitted_ns = self.stream.queue_seconds, self.stream.admitted_ns
+        if queue_s is not None and admitted_ns is not None:
+            m.queue.observe(queue_s)
+            m.prefill.observe(max(0, now_ns - admitted_ns) / 1e9)
+
+    def _account(self, status: str, last: TokenEvent | None) -> None:
+        if self._accounted:
+            return
+        self._accounted = True
+        m = self.metrics
+        m.requests.labels(status=status).inc()
+        m.e2e.observe((clock_ns() - self.received_ns) / 1e9)
+        if last is not None:
+            m.prompt_tokens.inc(last.usage.prompt_tokens)
+            m.generation_tokens.inc(last.usage.completion_tokens)
+            m.prefix_hits.inc(last.usage.cached_tokens)
+
+
+def _engine_stopped(e: EngineStopped) -> APIError:
+    return APIError(503, str(e), type="server_error", code="engine_stopped")
+
+
+async def complete(gen: Generation, response: Response) -> dict[str, Any]:
+    """The whole (non-streamed) body of ``gen``.
+
+    Raises:
+        APIError: 503 when the engine stopped, 500 when the generation failed.
+    """
+    try:
+        text = "".join([p async for p in gen.pieces()])
+    except EngineStopped as e:
+        raise _engine_stopped(e) from None
+    except Exception as e:
+        log.exception("ttft server: request %s failed", response.id)
+        raise APIError(500, f"generation failed: {e}", type="server_error") from None
+    finally:
+        gen.close()
+    return response.whole(text, gen.outcome.finish_reason, gen.outcome.usage)
+
+
+def sse(payload: Any) -> bytes:
+    """One server-sent event carrying ``payload`` as compact JSON."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _events(gen: Generation, response: Response, include_usage: bool) -> AsyncIterator[bytes]:
+    if response.chat:
+        yield sse(response.chunk([response.choice(None, None, role=True)], include_usage))
+    try:
+        async for piece in gen.pieces():
+            if piece:
+                yield sse(response.chunk([response.choice(piece, None)], include_usage))
+    except EngineStopped as e:
+        yield sse(APIError(503, str(e), type="server_error").body())
+        yield _DONE
+        return
+    yield sse(response.chunk([response.choice(None, gen.outcome.finish_reason)], include_usage))
+    if include_usage:
+        yield sse(response.chunk([], include_usage, usage=gen.outcome.usage))
+    yield _DONE
+
+
+class _EngineStreamingResponse(StreamingResponse):
+    """A ``StreamingResponse`` that cancels its engine request however the response
+    ends (client disconnect, server shutdown, an error)."""
+
+    def __init__(self, content: AsyncIterator[bytes], generation: Generation) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._generation = generation
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._generation.close()
+
+
+def stream(gen: Generation, response: Response, include_usage: bool) -> StreamingResponse:
+    """``gen`` as server-sent events: for chat a role chunk first, a chunk per text piece,
+    a final chunk with the finish reason, the usage chunk when ``include_usage``, then
+    ``[DONE]``; an engine that stops mid-stream ends it with an error event."""
+    return _EngineStreamingResponse(_events(gen, response, include_usage), gen)
