@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from ttft.collectors.store import TraceWriter
+from ttft.collectors.writer import TraceWriter
 
 Sink = Callable[[pa.Table], None]
 """Takes one table of span rows; called from server threads, so it must be thread-safe."""

@@ -1,4 +1,7 @@
-"""Conversion of spans to exactly the span schema, with errors that name row and field."""
+"""Span rows and tables → exactly the span schema, with errors that name row and field.
+
+``ttft_fields`` lives in :mod:`ttft.collectors.rows` (the row builder) and is re-exported
+here for the importers that still import it from this module."""
 
 from __future__ import annotations
 
@@ -8,14 +11,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.tracer.schema import (
-    ATTR_CLOCK,
-    ATTR_REQUEST_ID,
-    ATTR_STAGE,
-    COLUMNS,
-    SPAN_SCHEMA,
-    stage_of,
-)
+from ttft.collectors.rows import ttft_fields
+from ttft.tracer.schema import COLUMNS, SPAN_SCHEMA
+
+__all__ = ["Fail", "conform", "location", "to_span_table", "ttft_fields", "value_error"]
 
 Fail = Callable[..., Exception]
 """Builds the exception for a reason, optionally with ``row=`` and ``field=``."""
@@ -96,28 +95,3 @@ def to_span_table(data: pa.Table | pa.RecordBatch | Iterable[Mapping[str, Any]])
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise ValueError(f"rows do not fit the span schema ({exc})") from exc
     return conform(table, value_error, extra_ok=False)
-
-
-def ttft_fields(
-    name: str, attributes: dict[str, Any], start_ns: int, end_ns: int
-) -> tuple[str, Any, Any, bool]:
-    """Take ttft's own span attributes out of ``attributes`` (in place): the stage
-    (``ttft.stage``, else from the name; a zero-length span of unknown name is an event),
-    the request id (``ttft.request_id``, else ``request_id``) and the clock
-    (``ttft.clock``). An unknown ``ttft.stage`` maps to ``other`` and stays in the
-    attributes. Returns ``(stage, request_id, clock, point)``, ``point`` true for a row
-    that is a point event."""
-    explicit_stage = attributes.pop(ATTR_STAGE, None)
-    request_id = attributes.pop(ATTR_REQUEST_ID, None)
-    if request_id is None:
-        request_id = attributes.pop("request_id", None)
-    clock = attributes.pop(ATTR_CLOCK, None)
-    if explicit_stage is None:
-        stage = stage_of(name)
-        if stage == "other" and start_ns == end_ns:
-            stage = "event"
-    else:
-        stage = stage_of(str(explicit_stage))
-        if stage != explicit_stage:
-            attributes[ATTR_STAGE] = explicit_stage  # unknown stage name: keep what was said
-    return stage, request_id, clock, stage == "event" or start_ns == end_ns

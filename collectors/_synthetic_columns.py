@@ -1,4 +1,4 @@
-"""Vectorized columns for synthetic traces: ids, hex strings, compact JSON."""
+"""Vectorized columns for synthetic traces: ids (``rows.mix64``), hex strings, compact JSON."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ttft.collectors.rows import mix64
+
 HEX4 = np.frombuffer("".join(f"{v:04x}" for v in range(65536)).encode(), np.uint32)
 
 
 def json_object(fields: dict[str, np.ndarray | pa.Array]) -> pa.Array:
-    """Compact JSON objects, one per row: integers from arrays, JSON fragments from Arrow."""
+    """Compact JSON objects with sorted keys, one per row, as ``rows.attributes_json`` writes
+    them: integers from arrays, JSON fragments from Arrow."""
     parts: list = []
-    for i, (key, value) in enumerate(fields.items()):
-        parts.append(("{" if i == 0 else ",") + json.dumps(key) + ":")
+    for i, (name, value) in enumerate(sorted(fields.items())):
+        parts.append(("{" if i == 0 else ",") + json.dumps(name) + ":")
         parts.append(value if isinstance(value, pa.Array) else pa.array(value).cast(pa.string()))
     return pc.binary_join_element_wise(*parts, "}", "")
 
@@ -39,23 +42,9 @@ def repeat(value: str, size: int) -> pa.Array:
     return pa.repeat(value, size).cast(pa.string())
 
 
-def mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer: a bijection on uint64, so distinct counters give distinct ids."""
-    z = x + np.uint64(0x9E3779B97F4A7C15)
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return z
-
-
-def key(seed: int, domain: int) -> np.uint64:
-    return mix64(np.array([(seed * 4 + domain) % 2**64], np.uint64))[0]
-
-
-def span_hex(counter: np.ndarray, seed: int) -> np.ndarray:
-    return hex64(mix64(counter ^ key(seed, 0)))
+def key(seed: int, domain: int) -> int:
+    """The key of one id domain (0: span ids, 1 and 2: the halves of trace ids) of a seed."""
+    return mix64((seed * 4 + domain) % 2**64)
 
 
 def trace_hex(entity: np.ndarray, seed: int) -> np.ndarray:

@@ -12,23 +12,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.collectors.loadgen import SERVICE as CLIENT_SERVICE
-from ttft.collectors.store import (
-    TraceFileError,
-    read_metadata,
-    read_trace,
-    trace_files,
-    write_trace,
-)
+from ttft.collectors.reader import read_spans, run_metadata
+from ttft.collectors.writer import write_trace
 from ttft.tracer.schema import SPAN_SCHEMA
 
-__all__ = ["JoinReport", "join_traces", "read_spans"]
+__all__ = ["JoinReport", "join_traces"]
 
 
 @dataclass(frozen=True)
@@ -41,33 +35,6 @@ class JoinReport:
     unmatched: int
 
 
-def read_spans(path: str | os.PathLike[str]) -> pa.Table:
-    """Spans from a ttft trace (Parquet file or directory) or any file an importer reads
-    (OTLP/JSON Lines, OTLP protobuf, ...; `ttft.collectors.importers.read_any`, stages
-    mapped).
-
-    Raises:
-        TraceFileError: the file cannot be read, or is in no format ttft reads.
-    """
-    path = Path(path)
-    if path.is_dir() or _is_parquet(path):
-        return read_trace(path)
-    from ttft.collectors.importers import TraceImportError, read_any
-
-    try:
-        return read_any(path)
-    except TraceImportError as exc:
-        raise TraceFileError(path, exc.reason) from None
-
-
-def _is_parquet(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"PAR1"
-    except OSError as exc:
-        raise TraceFileError(path, exc.strerror or str(exc)) from None
-
-
 def join_traces(client: str | os.PathLike[str], others: list[str | os.PathLike[str]],
                 out: str | os.PathLike[str]) -> JoinReport:
     """Write ``out``: the client trace plus every span of ``others``, joined.
@@ -77,12 +44,13 @@ def join_traces(client: str | os.PathLike[str], others: list[str | os.PathLike[s
     is moved to that request's trace (only when that id names exactly one client trace).
     Everything else is kept unchanged and counted as unmatched: nothing is dropped.
 
+    Every file is read by :func:`ttft.collectors.read_spans` (any format, stages mapped).
+
     Raises:
         TraceFileError: a file that cannot be read. OSError: ``out`` cannot be written.
     """
-    trace_files(client)  # names a missing client trace before reading anything else
-    base = read_trace(client)
-    metadata = read_metadata(client)
+    base = read_spans(client)  # names a missing client trace before reading the others
+    metadata = run_metadata(base)
     other = pa.concat_tables([read_spans(p).cast(SPAN_SCHEMA) for p in others]) if others \
         else SPAN_SCHEMA.empty_table()
     client_rows = base.filter(pc.equal(base.column("service"), CLIENT_SERVICE))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import socket
@@ -13,11 +11,10 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import StatusCode
 
-from ttft.collectors._spans import ttft_fields
-from ttft.collectors.store import TraceWriter
+from ttft.collectors.rows import Event, Link, span_rows
+from ttft.collectors.writer import TraceWriter
 from ttft.tracer.schema import ATTR_CLOCK, ATTR_REQUEST_ID
 
 __all__ = [
@@ -29,34 +26,16 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_ids = RandomIdGenerator()
-
-
-def _json_default(value: object) -> object:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()  # as OTLP/JSON encodes bytes
-    if isinstance(value, Mapping):
-        return dict(value)
-    return str(value)
-
-
-def _json(value: Mapping[str, Any]) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
-
 
 def _hex_span_id(span_id: int) -> str:
     return format(span_id, "016x")
 
 
 def span_to_rows(span: ReadableSpan, *, default_clock: str) -> list[dict[str, Any]]:
-    """Map one finished SDK span onto span-record rows (DESIGN.md, "The span record").
-
-    The span becomes one row; each of its events becomes a point-event row (stage
-    ``event``, a fresh span id, the span as parent). A span that is itself a point event
-    (stage ``event``, or ``start == end``) stays one row and keeps its events in the
-    ``events`` attribute. Attributes consumed by columns (``ttft.stage``, ``ttft.clock``,
-    ``ttft.request_id`` or else ``request_id``) are removed from the JSON; links go under
-    ``links`` and a non-unset status under ``otel.status_code``/``otel.status_description``.
+    """Map one finished SDK span onto span-record rows with :func:`rows.span_rows
+    <ttft.collectors.rows.span_rows>` (its rules: one row for the span, one point-event row
+    per event with a span id derived from the span's and the event's index, links and a
+    non-unset status in the attributes). ``service`` is the resource's ``service.name``.
 
     Args:
         span: an ended span.
@@ -68,64 +47,23 @@ def span_to_rows(span: ReadableSpan, *, default_clock: str) -> list[dict[str, An
     context = span.context
     if context is None or span.start_time is None:
         raise ValueError(f"span {span.name!r} has no context or no start time")
-    start_ns = span.start_time
-    end_ns = span.end_time if span.end_time is not None else start_ns
-    if end_ns < start_ns:
-        raise ValueError(f"span {span.name!r} ends ({end_ns}) before it starts ({start_ns})")
-    attributes = dict(span.attributes or {})
-    stage, request_id, clock, point = ttft_fields(span.name, attributes, start_ns, end_ns)
-    if span.status.status_code is not StatusCode.UNSET:
-        attributes["otel.status_code"] = span.status.status_code.name
-        if span.status.description:
-            attributes["otel.status_description"] = span.status.description
-    if span.links:
-        attributes["links"] = [
-            {
-                "trace_id": format(link.context.trace_id, "032x"),
-                "span_id": _hex_span_id(link.context.span_id),
-                "attributes": dict(link.attributes or {}),
-            }
-            for link in span.links
-        ]
-    if point and span.events:
-        attributes["events"] = [
-            {"name": e.name, "timestamp_ns": e.timestamp, "attributes": dict(e.attributes or {})}
-            for e in span.events
-        ]
-    common = {
-        "trace_id": format(context.trace_id, "032x"),
-        "request_id": None if request_id is None else str(request_id),
-        "clock": default_clock if clock is None else str(clock),
-        "service": str(span.resource.attributes.get("service.name", "unknown_service")),
-    }
-    span_id = _hex_span_id(context.span_id)
-    rows = [
-        {
-            **common,
-            "span_id": span_id,
-            "parent_id": None if span.parent is None else _hex_span_id(span.parent.span_id),
-            "name": span.name,
-            "stage": stage,
-            "start_ns": start_ns,
-            "end_ns": end_ns,
-            "attributes": _json(attributes),
-        }
-    ]
-    if not point:
-        rows.extend(
-            {
-                **common,
-                "span_id": _hex_span_id(_ids.generate_span_id()),
-                "parent_id": span_id,
-                "name": event.name,
-                "stage": "event",
-                "start_ns": event.timestamp,
-                "end_ns": event.timestamp,
-                "attributes": _json(dict(event.attributes or {})),
-            }
-            for event in span.events
-        )
-    return rows
+    status = span.status.status_code
+    return span_rows(
+        span.name,
+        trace_id=format(context.trace_id, "032x"),
+        span_id=_hex_span_id(context.span_id),
+        parent_id=None if span.parent is None else _hex_span_id(span.parent.span_id),
+        start_ns=span.start_time,
+        end_ns=span.end_time if span.end_time is not None else span.start_time,
+        clock=default_clock,
+        service=str(span.resource.attributes.get("service.name", "unknown_service")),
+        attributes=span.attributes,
+        events=[Event(e.name, e.timestamp, e.attributes or {}) for e in span.events],
+        links=[Link(format(link.context.trace_id, "032x"), _hex_span_id(link.context.span_id),
+                    link.attributes or {}) for link in span.links],
+        status_code=None if status is StatusCode.UNSET else status.name,
+        status_description=span.status.description,
+    )
 
 
 class ParquetSpanExporter(SpanExporter):

@@ -23,9 +23,10 @@ from ttft.collectors._otlp_common import (
     bearer_ok,
     export_response,
 )
+from ttft.collectors._spans import to_span_table
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
 from ttft.collectors.otlp_rows import parse_proto_request, request_to_rows
-from ttft.collectors.store import TraceWriter, to_span_table
+from ttft.collectors.writer import TraceWriter
 
 __all__ = ["EXPORT_METHOD", "Collector", "OTLPGrpcReceiver"]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from ttft.collectors._spans import ttft_fields
+from ttft.collectors.rows import Event, Link, span_rows
 from ttft.tracer.schema import ATTR_CLOCK
 
 __all__ = ["parse_json_request", "parse_proto_request", "request_to_rows"]
@@ -133,10 +132,6 @@ def _ids_to_base64(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
-def _json(value: dict[str, Any]) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
 def _value(value: AnyValue) -> Any:
     """An OTLP ``AnyValue`` as a JSON-able value (bytes as base64, as OTLP/JSON writes them)."""
     kind = value.WhichOneof("value")
@@ -155,56 +150,27 @@ def _attributes(pairs: Any) -> dict[str, Any]:
     return {pair.key: _value(pair.value) for pair in pairs}
 
 
-def _event_span_id(span_id: bytes, index: int) -> str:
-    # Deterministic, so a retried export yields the same rows.
-    return hashlib.blake2b(span_id + index.to_bytes(4, "big"), digest_size=8).hexdigest()
-
-
 def _span_rows(span: Any, service: str, default_clock: str) -> list[dict[str, Any]]:
     if len(span.trace_id) != 16 or not any(span.trace_id):
         raise ValueError(f"span {span.name!r}: invalid trace id {span.trace_id.hex()!r}")
     if len(span.span_id) != 8 or not any(span.span_id):
         raise ValueError(f"span {span.name!r}: invalid span id {span.span_id.hex()!r}")
-    start_ns = span.start_time_unix_nano
-    end_ns = span.end_time_unix_nano or start_ns
-    if end_ns < start_ns:
-        raise ValueError(f"span {span.name!r} ends ({end_ns}) before it starts ({start_ns})")
-    attributes = _attributes(span.attributes)
-    stage, request_id, clock, point = ttft_fields(span.name, attributes, start_ns, end_ns)
-    if span.status.code in _STATUS_NAMES:
-        attributes["otel.status_code"] = _STATUS_NAMES[span.status.code]
-        if span.status.message:
-            attributes["otel.status_description"] = span.status.message
-    if span.links:
-        attributes["links"] = [
-            {"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
-             "attributes": _attributes(link.attributes)}
-            for link in span.links
-        ]
-    if point and span.events:
-        attributes["events"] = [
-            {"name": e.name, "timestamp_ns": e.time_unix_nano,
-             "attributes": _attributes(e.attributes)}
-            for e in span.events
-        ]
-    common = {
-        "trace_id": span.trace_id.hex(),
-        "request_id": None if request_id is None else str(request_id),
-        "clock": default_clock if clock is None else str(clock),
-        "service": service,
-    }
-    span_id = span.span_id.hex()
-    rows = [{**common, "span_id": span_id, "parent_id": span.parent_span_id.hex() or None,
-             "name": span.name, "stage": stage, "start_ns": start_ns, "end_ns": end_ns,
-             "attributes": _json(attributes)}]
-    if not point:
-        rows.extend(
-            {**common, "span_id": _event_span_id(span.span_id, index), "parent_id": span_id,
-             "name": event.name, "stage": "event", "start_ns": event.time_unix_nano,
-             "end_ns": event.time_unix_nano, "attributes": _json(_attributes(event.attributes))}
-            for index, event in enumerate(span.events)
-        )
-    return rows
+    return span_rows(
+        span.name,
+        trace_id=span.trace_id.hex(),
+        span_id=span.span_id.hex(),
+        parent_id=span.parent_span_id.hex() or None,
+        start_ns=span.start_time_unix_nano,
+        end_ns=span.end_time_unix_nano or span.start_time_unix_nano,
+        clock=default_clock,
+        service=service,
+        attributes=_attributes(span.attributes),
+        events=[Event(e.name, e.time_unix_nano, _attributes(e.attributes)) for e in span.events],
+        links=[Link(link.trace_id.hex(), link.span_id.hex(), _attributes(link.attributes))
+               for link in span.links],
+        status_code=_STATUS_NAMES.get(span.status.code),
+        status_description=span.status.message,
+    )
 
 
 def request_to_rows(request: ExportTraceServiceRequest) -> tuple[list[dict[str, Any]], list[str]]:
@@ -213,10 +179,11 @@ def request_to_rows(request: ExportTraceServiceRequest) -> tuple[list[dict[str, 
     Conventions are those of :func:`ttft.collectors.otel_exporter.span_to_rows`; ids become
     lowercase hex; ``service`` is the resource's ``service.name`` (``unknown_service`` if
     absent); ``clock`` is the span's ``ttft.clock``, else the resource's ``ttft.clock``, else
-    ``host:<host.name>`` of the resource, else ``host:<service>``. Each event of a span
-    becomes a point-event row whose span id is derived from the span's id and the event's
-    index, so exporting the same span twice yields the same rows. Links are kept in the
-    attributes (``links``: trace id, span id and attributes of each).
+    ``host:<host.name>`` of the resource, else ``host:<service>``. Rows are built by
+    :func:`ttft.collectors.rows.span_rows`: each event of a span becomes a point-event row
+    whose span id is derived from the span's id and the event's index, so exporting the same
+    span twice yields the same rows; links are kept in the attributes (``links``: trace id,
+    span id and attributes of each).
 
     Returns:
         The rows, and one message per span that was rejected (a missing or zero trace or

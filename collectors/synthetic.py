@@ -3,7 +3,10 @@
 `generate` lays out a workload with numpy (no Python loop per request) and returns the span
 table together with the attribution every policy must give, computed from the layout by
 arithmetic, never by calling ``ttft.analysis``: an independent check of the analyzer
-(docs/attribution.md) and a benchmark input of any size.
+(docs/attribution.md) and a benchmark input of any size. The layout is drawn by
+``_synthetic_layout``; the columns follow the row builder's rules (``ttft.collectors.rows``:
+point-event span ids, compact sorted JSON attributes) and pass ``to_span_table`` as every
+producer's rows do.
 
 Layout of one request (all times int64 epoch ns; client and server clocks share one epoch,
 and the network delay ``d`` is the same in both directions, so clock alignment finds 0):
@@ -48,15 +51,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ttft.collectors._spans import to_span_table
 from ttft.collectors._synthetic_columns import (
+    hex64,
     hex_strings,
     id_lists,
     json_object,
+    key,
     repeat,
     request_ids,
-    span_hex,
     trace_hex,
 )
+from ttft.collectors._synthetic_layout import (
+    CHUNK_BUDGET_TOKENS,
+    PREFIX_HIT_FRACTION,
+    RATE_PER_S,
+    layout,
+)
+from ttft.collectors.rows import event_span_ids, mix64
 from ttft.tracer.schema import (
     ATTR_CACHED_TOKENS,
     ATTR_CHUNK_TOKENS,
@@ -80,16 +92,10 @@ from ttft.tracer.schema import (
 )
 
 GENERATOR = "ttft.collectors.synthetic"
-RATE_PER_S = 20.0
-PREFIX_HIT_FRACTION = 0.3
-CHUNK_BUDGET_TOKENS = 1024
 HOST_CLOCK = "host:synth"
 GPU_CLOCK = "gpu:0"
-_T0_NS = 1_700_000_000_000_000_000
 _BLOCK_COHORTS = 65_536
 _SLOTS = 32  # span-id slots per request or cohort
-_MS = 1_000_000
-_US = 1_000
 
 # Span kinds: (name, clock, service); the stage is stage_of(name), or "event".
 _EVENT_NAMES = ("scheduled", "sent", "headers", "first_chunk", EV_FIRST_TOKEN, EV_TOKEN,
@@ -144,10 +150,10 @@ def generate(requests: int = 1000, *, seed: int = 0) -> SyntheticTrace:
     """Lay out ``requests`` requests (Poisson arrivals at `RATE_PER_S`), deterministic per seed."""
     if requests < 1:
         raise ValueError(f"requests must be at least 1, got {requests}")
-    lay = _layout(requests, seed)
+    lay = layout(requests, seed)
     batches = [_block(lay, c0, min(c0 + _BLOCK_COHORTS, lay["m"]))
                for c0 in range(0, lay["m"], _BLOCK_COHORTS)]
-    table = pa.Table.from_batches(batches, schema=SPAN_SCHEMA)
+    table = to_span_table(pa.Table.from_batches(batches, schema=SPAN_SCHEMA))
     metadata = {
         "generator": GENERATOR, "requests": requests, "seed": seed,
         "rate_per_s": RATE_PER_S, "prefix_hit_fraction": PREFIX_HIT_FRACTION,
@@ -174,99 +180,6 @@ def write_expected(synth: SyntheticTrace, path: str | Path) -> Path:
     return Path(path)
 
 
-def _layout(n: int, seed: int) -> dict:
-    """Draw every duration and place every interval; no Arrow yet."""
-    rng = np.random.default_rng(seed)
-
-    def uni(lo: int, hi: int, size: int | tuple[int, int]) -> np.ndarray:
-        return rng.integers(lo, hi, size, endpoint=True, dtype=np.int64)
-
-    # Cohorts: consecutive arrivals admitted together, sharing their chunk iterations.
-    sizes = rng.choice(np.arange(1, 5), size=n, p=[0.4, 0.3, 0.2, 0.1])
-    m = int(np.searchsorted(np.cumsum(sizes), n)) + 1
-    sizes = sizes[:m]
-    sizes[-1] -= sizes.sum() - n
-    starts = np.zeros(m + 1, np.int64)
-    starts[1:] = np.cumsum(sizes)
-    cohort = np.repeat(np.arange(m), sizes)
-    k = rng.choice(np.arange(1, 4), size=m, p=[0.5, 0.3, 0.2])
-    chunk = np.arange(3)
-    live = chunk < k[:, None]  # (m, 3): chunk i exists
-    step0 = np.cumsum(2 * k - 1) - (2 * k - 1)  # chunk i: step step0 + 2i; gap after it: + 1
-
-    # Prompts: the uncached part fills k chunks of at most CHUNK_BUDGET_TOKENS.
-    uncached = (k[cohort] - 1) * CHUNK_BUDGET_TOKENS + uni(16, CHUNK_BUDGET_TOKENS, n)
-    cached = np.where(rng.random(n) < PREFIX_HIT_FRACTION, 16 * uni(4, 256, n), 0)
-    tokens = np.clip(uncached[:, None] - chunk * CHUNK_BUDGET_TOKENS, 0, CHUNK_BUDGET_TOKENS)
-    context = cached[:, None] + np.cumsum(tokens, axis=1)  # positions the chunk attends to
-    prefill_tokens = np.add.reduceat(tokens, starts[:-1], axis=0)
-    attention = np.add.reduceat(tokens * context, starts[:-1], axis=0)
-
-    # Client and the server up to the end of queueing.
-    c0 = _T0_NS + np.cumsum(rng.exponential(1e9 / RATE_PER_S, n)).astype(np.int64)
-    wait = np.where(rng.random(n) < 0.3, uni(100 * _US, 20 * _MS, n), 0)
-    conn = np.where(rng.random(n) < 0.25, uni(500 * _US, 5 * _MS, n), 0)
-    overhead = uni(20 * _US, 150 * _US, n)
-    d = uni(200 * _US, 8 * _MS, n)
-    t0 = uni(30 * _US, 300 * _US, n)
-    has_tok = rng.random(n) < 0.95
-    tok = np.where(has_tok, (uncached + cached) * uni(1 * _US, 3 * _US, n), 0)
-    g1 = np.where(rng.random(n) < 0.25, uni(20 * _US, 500 * _US, n), 0)
-    sent = c0 + conn + overhead
-    s = sent + d
-    q0 = s + t0 + tok + g1
-
-    # Cohort iterations: admission, schedule, chunks with gaps, gpu work.
-    q1 = np.maximum.reduceat(q0, starts[:-1]) + _US + rng.exponential(10 * _MS, m).astype(np.int64)
-    sch = uni(50 * _US, 400 * _US, m)
-    dur = (1.5 * _MS + 35 * _US * prefill_tokens + 2 * attention) * rng.uniform(0.9, 1.1, (m, 3))
-    dur = np.where(live, dur.astype(np.int64), 0)
-    gap = np.where(live[:, 1:], uni(3 * _MS, 30 * _MS, (m, 2)), 0)
-    cs = np.empty((m, 3), np.int64)
-    cs[:, 0] = q1 + sch
-    cs[:, 1] = cs[:, 0] + dur[:, 0] + gap[:, 0]
-    cs[:, 2] = cs[:, 1] + dur[:, 1] + gap[:, 1]
-    ce = cs + dur
-    last = np.arange(m), k - 1
-    pe = ce[last]
-    fs = cs + uni(100 * _US, 600 * _US, (m, 3))
-    fe = fs + ((ce - fs) * rng.uniform(0.2, 0.6, (m, 3))).astype(np.int64)
-    gs = fs + uni(20 * _US, 100 * _US, (m, 3))
-    ge = ce - uni(50 * _US, 300 * _US, (m, 3))
-    ov = uni(100 * _US, 1500 * _US, m)
-    ge[last] = pe + ov
-    gpu_in = np.where(live, np.minimum(ge, ce) - gs, 0).sum(axis=1)
-
-    # First token: sample (outlasting the gpu tail), detokenize, stream, then the client.
-    samp = ov[cohort] + uni(30 * _US, 400 * _US, n)
-    se = pe[cohort] + samp
-    det = uni(5 * _US, 60 * _US, n)
-    strm = uni(20 * _US, 300 * _US, n)
-    fb = se + det + strm
-    ft = fb + d
-    itl = uni(8 * _MS, 40 * _MS, n)[:, None] * rng.uniform(0.7, 1.3, (n, 3))
-    token_ns = ft[:, None] + np.cumsum(itl.astype(np.int64), axis=1)
-    tail = uni(50 * _US, 500 * _US, n)
-
-    c = cohort
-    parts = {
-        "network": overhead + 2 * d, "connect": conn, "server": t0 + g1, "tokenize": tok,
-        "queue": q1[c] - q0, "schedule": sch[c], "prefill": gap.sum(axis=1)[c],
-        "prefill.chunk": (dur.sum(axis=1) - gpu_in)[c], "gpu_in": gpu_in[c], "ov": ov[c],
-        "sample": samp, "detokenize": det, "stream": strm, "unattributed": np.where(has_tok, g1, 0),
-    }
-    return {
-        "n": n, "m": m, "seed": seed, "starts": starts, "cohort": cohort, "k": k, "live": live,
-        "step0": step0,
-        "cached": cached, "prompt": uncached + cached, "tokens": tokens, "context": context,
-        "prefill_tokens": prefill_tokens, "c0": c0, "wait": wait, "conn": conn, "sent": sent,
-        "s": s, "t0": t0, "has_tok": has_tok, "tok": tok, "q0": q0, "q1": q1, "sch": sch,
-        "cs": cs, "ce": ce, "fs": fs, "fe": fe, "gs": gs, "ge": ge, "gap": gap, "se": se,
-        "det": det, "fb": fb, "ft": ft, "d": d, "token_ns": token_ns, "tail": tail,
-        "parts": parts,
-    }
-
-
 def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
     """The rows of cohorts ``[c_lo, c_hi)``: their requests' traces and their engine traces."""
     starts = lay["starts"]
@@ -275,10 +188,11 @@ def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
     rows: list[tuple] = []
 
     def add(kind: str, ent: np.ndarray, slot, parent, start: np.ndarray, end: np.ndarray,
-            rid: bool = True, attrs: pa.Array | None = None) -> None:
+            rid: bool = True, attrs: pa.Array | None = None, event: int = -1) -> None:
+        """``event``: a point event's index among its parent's events (-1: a span)."""
         size = len(ent)
         rows.append((np.full(size, _KIND[kind], np.int32), ent, np.broadcast_to(slot, size),
-                     np.broadcast_to(parent, size), start, end,
+                     np.broadcast_to(parent, size), start, end, np.full(size, event),
                      pc.take(ids, ent - r[0]) if rid else pa.nulls(size, pa.string()),
                      attrs if attrs is not None else repeat("{}", size)))
 
@@ -294,12 +208,14 @@ def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
     req("client", g["c0"], client_end, -1)
     m = g["conn"] > 0
     add("connect", r[m], _SLOT["connect"], cl, g["c0"][m], (g["c0"] + g["conn"])[m], rid=False)
-    for name, at in (("scheduled", g["c0"] - g["wait"]), ("sent", g["sent"]),
+    client_events = (("scheduled", g["c0"] - g["wait"]), ("sent", g["sent"]),
                      ("headers", g["s"] + g["t0"] + g["d"]), ("first_chunk", g["ft"]),
-                     (EV_FIRST_TOKEN, g["ft"])):
-        add(name, r, _SLOT[name], cl, at, at, rid=False)
+                     (EV_FIRST_TOKEN, g["ft"]))
+    for i, (name, at) in enumerate(client_events):
+        add(name, r, _SLOT[name], cl, at, at, rid=False, event=i)
     for i in range(3):
-        add(EV_TOKEN, r, _SLOT[EV_TOKEN] + i, cl, token_ns[:, i], token_ns[:, i], rid=False)
+        add(EV_TOKEN, r, _SLOT[EV_TOKEN] + i, cl, token_ns[:, i], token_ns[:, i], rid=False,
+            event=len(client_events) + i)
 
     req("server", g["s"], client_end - g["d"], cl,
         json_object({ATTR_PROMPT_TOKENS: g["prompt"], ATTR_CACHED_TOKENS: g["cached"]}))
@@ -324,8 +240,8 @@ def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
     req("sample", pe, g["se"], sv)
     req("detokenize", g["se"], g["se"] + g["det"], sv)
     req("stream", g["se"] + g["det"], g["fb"], sv)
-    add(EV_FIRST_SAMPLED, r, _SLOT[EV_FIRST_SAMPLED], _SLOT["sample"], g["se"], g["se"])
-    add(EV_FIRST_BYTE, r, _SLOT[EV_FIRST_BYTE], _SLOT["stream"], g["fb"], g["fb"])
+    add(EV_FIRST_SAMPLED, r, _SLOT[EV_FIRST_SAMPLED], _SLOT["sample"], g["se"], g["se"], event=0)
+    add(EV_FIRST_BYTE, r, _SLOT[EV_FIRST_BYTE], _SLOT["stream"], g["fb"], g["fb"], event=0)
 
     # Engine traces, one per cohort: the previous cohort decodes while this one prefills.
     # Slots: chunk step i at 6i (forward 6i + 1, gpu 6i + 2), decode step after it at 6i + 3.
@@ -359,26 +275,32 @@ def _block(lay: dict, c_lo: int, c_hi: int) -> pa.RecordBatch:
 
 def _batch(rows: list[tuple], entities: np.ndarray, split: int, seed: int) -> pa.RecordBatch:
     """One record batch. ``entities``: the block's traces, requests (a contiguous range of
-    ``split``) then engine traces (another contiguous range)."""
-    kind, ent, slot, parent, start, end = (np.concatenate([row[j] for row in rows])
-                                           for j in range(6))
+    ``split``) then engine traces (another contiguous range). A span's id is a bijection
+    of its (entity, slot) counter; a point event's is ``rows.event_span_ids`` of its
+    parent's id and its index, as every producer of span rows derives it."""
+    kind, ent, slot, parent, start, end, event = (np.concatenate([row[j] for row in rows])
+                                                  for j in range(7))
     is_req = ent < entities[split]
     local = np.where(is_req, ent - entities[0], ent - entities[split] + split)
     ent = ent.astype(np.uint64)
     has_parent = parent >= 0
+    ids_key = key(seed, 0)
+    span_ids = mix64((ent * _SLOTS + slot.astype(np.uint64)) ^ ids_key)
+    parent_ids = mix64((ent * _SLOTS + np.maximum(parent, 0).astype(np.uint64)) ^ ids_key)
+    is_event = event >= 0
+    span_ids[is_event] = event_span_ids(parent_ids[is_event], event[is_event])
     arrays = [
         hex_strings(np.take(trace_hex(entities.astype(np.uint64), seed), local, axis=0)),
-        hex_strings(span_hex(ent * _SLOTS + slot.astype(np.uint64), seed)),
-        hex_strings(span_hex((ent * _SLOTS + parent.astype(np.uint64))[has_parent], seed),
-                     has_parent),
-        pa.concat_arrays([row[6] for row in rows]),
+        hex_strings(hex64(span_ids)),
+        hex_strings(hex64(parent_ids[has_parent]), has_parent),
+        pa.concat_arrays([row[7] for row in rows]),
         _NAMES.take(pa.array(kind)),
         pa.DictionaryArray.from_arrays(pa.array(_STAGE_CODE[kind]), _STAGES),
         pa.array(start, pa.int64()),
         pa.array(end, pa.int64()),
         pa.DictionaryArray.from_arrays(pa.array(_CLOCK_CODE[kind]), _CLOCKS),
         pa.DictionaryArray.from_arrays(pa.array(_SERVICE_CODE[kind]), _SERVICES),
-        pa.concat_arrays([row[7] for row in rows]),
+        pa.concat_arrays([row[8] for row in rows]),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=SPAN_SCHEMA)
 

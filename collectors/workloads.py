@@ -1,10 +1,11 @@
-"""Workloads for the load generator: arrival patterns, prompts of given token lengths
-(optionally sharing prefixes), and replay of request traces such as Mooncake's.
+"""Workloads for the load generator: arrival patterns, generated prompts of given token
+lengths (optionally sharing prefixes), and replay of request traces such as Mooncake's.
 
-Prompts are text built from a fixed word list, one deterministic stream per key, so equal
-keys give equal text (and equal prefix-cache blocks on the server). Their length is first
-approximate (a word stands in for a token); :func:`fit_to_server` then makes each prompt
-exactly its target length through the server's ``/tokenize`` when it has one.
+Generated prompts are text built from a fixed word list, one deterministic stream per key,
+so equal keys give equal text (and equal prefix-cache blocks on the server). Their length
+is first approximate (a word stands in for a token); :func:`fit_to_server` then makes each
+prompt exactly its target length through the server's ``/tokenize`` when it has one.
+("Synthetic" in ttft means the synthetic trace generator, ``collectors.synthetic``, only.)
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import httpx
 import numpy as np
 
 __all__ = [
-    "BLOCK_TOKENS", "WorkItem", "Workload", "burst", "constant", "fit_to_server", "poisson",
-    "read_replay", "synthetic", "workload",
+    "BLOCK_TOKENS", "WorkItem", "Workload", "burst", "constant", "fit_to_server",
+    "generated_prompts", "poisson", "read_replay", "workload",
 ]
 
 BLOCK_TOKENS = 512
@@ -199,12 +200,14 @@ def read_replay(path: str | os.PathLike[str], *, scale_tokens: float = 1.0,
     return items
 
 
-# -- synthetic prompts ------------------------------------------------------------------------
+# -- generated prompts ------------------------------------------------------------------------
 
-def synthetic(offsets_s: Sequence[float], *, prompt_tokens: tuple[int, int], max_tokens: int,
-              shared_prefix: tuple[int, int] | None = None, prefix_tokens: int | None = None,
-              shared_fraction: float = 1.0, seed: int = 0) -> list[WorkItem]:
-    """A workload of text prompts with lengths drawn uniformly from ``prompt_tokens``.
+def generated_prompts(offsets_s: Sequence[float], *, prompt_tokens: tuple[int, int],
+                      max_tokens: int, shared_prefix: tuple[int, int] | None = None,
+                      prefix_tokens: int | None = None, shared_fraction: float = 1.0,
+                      seed: int = 0) -> list[WorkItem]:
+    """A workload of generated text prompts (from the word list, seeded) with lengths drawn
+    uniformly from ``prompt_tokens``.
 
     With ``shared_prefix=(P, S)`` there are P prefixes of ``prefix_tokens`` tokens (default:
     half the shortest prompt) and S suffixes for each; request ``i`` uses prompt ``i mod

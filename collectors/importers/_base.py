@@ -1,4 +1,4 @@
-"""What every importer shares: the interface, the error, and rows → span table."""
+"""What every importer shares: the interface and rows → span table."""
 
 from __future__ import annotations
 
@@ -10,16 +10,8 @@ from typing import Any, Protocol, runtime_checkable
 import pyarrow as pa
 
 from ttft.collectors._spans import to_span_table
+from ttft.collectors.errors import TraceFileError
 from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION
-
-
-class TraceImportError(ValueError):
-    """A file an importer cannot read; the message names the file and what was expected."""
-
-    def __init__(self, path: str | Path, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = str(path)
-        self.reason = reason
 
 
 @runtime_checkable
@@ -29,7 +21,7 @@ class Importer(Protocol):
     ``guess_can_open`` looks at the file cheaply (its first bytes, never the whole file) and
     must not raise; ``read`` returns a table with exactly ``SPAN_SCHEMA`` whose schema
     metadata holds the run metadata under ``METADATA_KEY`` (at least ``schema_version``,
-    ``source_format`` and ``source``), or raises `TraceImportError`.
+    ``source_format`` and ``source``), or raises `TraceFileError`.
     """
 
     name: str
@@ -55,12 +47,12 @@ def rows_to_table(
     """Row dicts (span-record columns) → a span table with the import's metadata.
 
     Raises:
-        TraceImportError: a row does not fit the schema (the message names the row).
+        TraceFileError: a row does not fit the schema (the message names the row).
     """
     try:
         table = to_span_table(list(rows))
     except ValueError as exc:
-        raise TraceImportError(path, str(exc)) from None
+        raise TraceFileError(path, str(exc)) from None
     meta = {
         "schema_version": SCHEMA_VERSION,
         "source_format": source_format,

@@ -22,7 +22,6 @@ a bare list of traces is accepted too). Conventions follow the OTLP path
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -32,7 +31,9 @@ from typing import Any
 import pyarrow as pa
 
 from ttft.collectors._spans import ttft_fields
-from ttft.collectors.importers._base import TraceImportError, head, rows_to_table
+from ttft.collectors.errors import TraceFileError
+from ttft.collectors.importers._base import head, rows_to_table
+from ttft.collectors.rows import event_span_id
 from ttft.tracer.schema import ATTR_CLOCK
 
 _HOST_TAGS = ("hostname", "host.name", "ip")
@@ -66,15 +67,15 @@ class JaegerJSON:
         try:
             document = json.loads(path.read_bytes())
         except OSError as exc:
-            raise TraceImportError(path, f"cannot read the file ({exc.strerror})") from None
+            raise TraceFileError(path, f"cannot read the file ({exc.strerror})") from None
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-            raise TraceImportError(path, f"not valid JSON ({exc})") from None
+            raise TraceFileError(path, f"not valid JSON ({exc})") from None
         rows: list[dict[str, Any]] = []
         try:
             for where, trace in _traces(document):
                 rows.extend(_trace_rows(trace, where))
         except _Bad as exc:
-            raise TraceImportError(path, str(exc)) from None
+            raise TraceFileError(path, str(exc)) from None
         return rows_to_table(rows, path, self.name)
 
 
@@ -157,7 +158,7 @@ def _span_rows(
             events.append({"name": event_name, "timestamp_ns": timestamp_ns,
                            "attributes": fields})
             continue
-        events.append({**common, "span_id": _event_span_id(span_id, index),
+        events.append({**common, "span_id": event_span_id(span_id, index),
                        "parent_id": span_id, "name": event_name, "stage": "event",
                        "start_ns": timestamp_ns, "end_ns": timestamp_ns,
                        "attributes": _json(fields)})
@@ -260,10 +261,3 @@ def _ns(value_us: Any, at: str) -> int:
     if value_us != value_us or value_us in (float("inf"), float("-inf")):
         raise _Bad(at, f"expected a finite number, got {value_us!r}")
     return round(value_us * 1000)
-
-
-def _event_span_id(span_id: str, index: int) -> str:
-    # As the OTLP path derives event ids: deterministic, so re-importing gives the same rows.
-    return hashlib.blake2b(
-        bytes.fromhex(span_id) + index.to_bytes(4, "big"), digest_size=8
-    ).hexdigest()

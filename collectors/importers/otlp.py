@@ -24,7 +24,8 @@ import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from ttft.collectors.importers._base import TraceImportError, head, rows_to_table
+from ttft.collectors.errors import TraceFileError
+from ttft.collectors.importers._base import head, rows_to_table
 from ttft.collectors.otlp_rows import parse_json_request, parse_proto_request, request_to_rows
 
 __all__ = ["MAX_DECOMPRESSED_BYTES", "OTLPJsonLines", "OTLPProto"]
@@ -70,12 +71,12 @@ class OTLPJsonLines:
             for where, document in _json_documents(stream, path):
                 if document and not ("resourceSpans" in document or "resource_spans" in document):
                     keys = ", ".join(sorted(map(str, document))[:5])
-                    raise TraceImportError(path, f"{where}: not an OTLP trace export (no "
+                    raise TraceFileError(path, f"{where}: not an OTLP trace export (no "
                                                  f"resourceSpans; keys: {keys})")
                 try:
                     spans.add(where, parse_json_request(document))
                 except ValueError as exc:
-                    raise TraceImportError(path, f"{where}: {exc}") from None
+                    raise TraceFileError(path, f"{where}: {exc}") from None
         return spans.table(path, self.name)
 
 
@@ -106,13 +107,13 @@ class OTLPProto:
         with _opened(path) as stream:
             for where, payload in _messages(stream, path):
                 if payload.startswith(_ZSTD_MAGIC):
-                    raise TraceImportError(path, f"{where}: zstd-compressed (the Collector's "
+                    raise TraceFileError(path, f"{where}: zstd-compressed (the Collector's "
                                                  "compression: zstd), which ttft does not read; "
                                                  "export uncompressed, or gzip the file")
                 try:
                     spans.add(where, parse_proto_request(payload))
                 except ValueError as exc:
-                    raise TraceImportError(path, f"{where}: {exc}") from None
+                    raise TraceFileError(path, f"{where}: {exc}") from None
         return spans.table(path, self.name)
 
 
@@ -163,7 +164,7 @@ class _Limited(io.RawIOBase):
 @contextmanager
 def _opened(path: Path) -> Iterator[io.BufferedReader]:
     """``path`` as a binary stream, gzip decompressed on the fly; read errors (I/O, gzip,
-    the size limit) inside the block become `TraceImportError`."""
+    the size limit) inside the block become `TraceFileError`."""
     try:
         with open(path, "rb") as raw:
             if raw.peek(2)[:2] == _GZIP_MAGIC:
@@ -172,12 +173,12 @@ def _opened(path: Path) -> Iterator[io.BufferedReader]:
             else:
                 yield raw
     except _TooLarge:
-        raise TraceImportError(path, f"decompresses to more than {MAX_DECOMPRESSED_BYTES} "
+        raise TraceFileError(path, f"decompresses to more than {MAX_DECOMPRESSED_BYTES} "
                                      "bytes") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise TraceImportError(path, f"not valid gzip: {exc}") from None
+        raise TraceFileError(path, f"not valid gzip: {exc}") from None
     except OSError as exc:
-        raise TraceImportError(path, exc.strerror or str(exc)) from None
+        raise TraceFileError(path, exc.strerror or str(exc)) from None
 
 
 def _decoded_head(path: Path, size: int) -> tuple[bytes, int | None]:
@@ -208,14 +209,14 @@ def _json_documents(stream: IO[bytes], path: Path) -> Iterator[tuple[str, dict[s
             if first:
                 yield from _whole_document(line + stream.read(), path, lineno - 1)
                 return
-            raise TraceImportError(path, f"line {lineno}: not JSON ({_json_error(exc)})"
+            raise TraceFileError(path, f"line {lineno}: not JSON ({_json_error(exc)})"
                                    ) from None
         if first and not isinstance(document, dict):
             yield from _whole_document(line + stream.read(), path, lineno - 1)
             return
         first = False
         if not isinstance(document, dict):
-            raise TraceImportError(path, f"line {lineno}: a JSON {_kind(document)}, not an "
+            raise TraceFileError(path, f"line {lineno}: a JSON {_kind(document)}, not an "
                                          "export request object")
         yield f"line {lineno}", document
 
@@ -227,15 +228,15 @@ def _whole_document(data: bytes, path: Path, skipped_lines: int
     except (ValueError, RecursionError) as exc:
         where = (f"line {exc.lineno + skipped_lines}: " if isinstance(exc, json.JSONDecodeError)
                  else "")
-        raise TraceImportError(path, f"{where}not JSON ({_json_error(exc)})") from None
+        raise TraceFileError(path, f"{where}not JSON ({_json_error(exc)})") from None
     if isinstance(document, dict):
         yield "the document", document
         return
     if not isinstance(document, list):
-        raise TraceImportError(path, f"a JSON {_kind(document)}, not OTLP/JSON")
+        raise TraceFileError(path, f"a JSON {_kind(document)}, not OTLP/JSON")
     for index, item in enumerate(document):
         if not isinstance(item, dict):
-            raise TraceImportError(path, f"element {index}: a JSON {_kind(item)}, not an "
+            raise TraceFileError(path, f"element {index}: a JSON {_kind(item)}, not an "
                                          "export request object")
         yield f"element {index}", item
 
@@ -271,12 +272,12 @@ def _messages(stream: io.BufferedReader, path: Path) -> Iterator[tuple[str, byte
         index += 1
         where = f"frame {index} (byte {offset})"
         if len(prefix) < 4:
-            raise TraceImportError(path, f"{where}: truncated length prefix ({len(prefix)} of "
+            raise TraceFileError(path, f"{where}: truncated length prefix ({len(prefix)} of "
                                          "4 bytes)")
         size = int.from_bytes(prefix, "big")
         payload = source.read(size)
         if len(payload) < size:
-            raise TraceImportError(path, f"{where}: truncated: {len(payload)} of {size} bytes")
+            raise TraceFileError(path, f"{where}: truncated: {len(payload)} of {size} bytes")
         yield where, payload
         offset += 4 + size
 

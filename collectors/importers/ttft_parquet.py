@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ttft.collectors.importers._base import TraceImportError, head
+from ttft.collectors._files import parts_dir
+from ttft.collectors.importers._base import head
+from ttft.collectors.parquet import read_parquet
 
 
 class TTFTParquet:
@@ -14,18 +16,11 @@ class TTFTParquet:
     description = "ttft Parquet trace (a file, or a directory of part files)"
 
     def guess_can_open(self, path: Path) -> bool:
-        from ttft.collectors.store import parts_dir
-
         if not path.exists() and parts_dir(path).is_dir():
-            return True  # the parts a crashed writer left; read_trace reads them
+            return True  # the parts a crashed writer left; read_parquet reads them
         if path.is_dir():
-            return any(path.glob("*.parquet"))
+            return True  # only ttft reads directories; read_parquet names what is missing
         return head(path, 4) == b"PAR1"
 
     def read(self, path: Path) -> pa.Table:
-        from ttft.collectors.store import TraceFileError, read_trace
-
-        try:
-            return read_trace(path)
-        except TraceFileError as exc:
-            raise TraceImportError(path, str(exc).removeprefix(f"{path}: ")) from None
+        return read_parquet(path)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ttft.collectors.importers import IMPORTERS, TraceImportError, guess_format
+from ttft.collectors import TraceFileError, guess_format
+from ttft.collectors.importers import IMPORTERS
 from ttft.engine.kv_cache import PagedKVCache
 from ttft.engine.model import ModelConfig, Transformer, prefill_chunk
 
@@ -190,11 +191,11 @@ def test_truncated_and_bad_events_name_the_file_and_event(tmp_path):
     bad.write_text(json.dumps({"traceEvents": [EVENTS[2], {"ph": "X", "name": "y", "ts": "1"}]}))
 
     assert guess_format(cut) == "chrome"
-    with pytest.raises(TraceImportError) as info:
+    with pytest.raises(TraceFileError) as info:
         IMPORTERS["chrome"].read(cut)
     assert info.value.path == str(cut)
     assert str(info.value).startswith(f"{cut}: not valid JSON")
-    with pytest.raises(TraceImportError) as info:
+    with pytest.raises(TraceFileError) as info:
         IMPORTERS["chrome"].read(bad)
     assert str(info.value) == (
         f"{bad}: traceEvents[1].ts: expected microseconds as a number, got '1'"

@@ -1,14 +1,14 @@
 """Jaeger JSON importer: the UI/API shapes, references, tag types, logs, ids, clocks; and a
 request-shaped trace attributed end to end."""
 
-import hashlib
 import json
 
 import pytest
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
-from ttft.collectors.importers import IMPORTERS, TraceImportError, guess_format, read_any
+from ttft.collectors import TraceFileError, event_span_id, guess_format, read_spans
+from ttft.collectors.importers import IMPORTERS
 from ttft.tracer.schema import STAGE_NAMES
 
 T0_US = 1_700_000_000_000_000
@@ -77,8 +77,7 @@ TRACE_TWO = {
 
 
 def event_id(span_id: str, index: int) -> str:
-    return hashlib.blake2b(bytes.fromhex(span_id) + index.to_bytes(4, "big"),
-                           digest_size=8).hexdigest()
+    return event_span_id(span_id, index)  # the one rule every producer of rows follows
 
 
 def rows(table):
@@ -176,7 +175,7 @@ def test_request_trace_attributes_by_stage(tmp_path):
     path = write(tmp_path, {"data": [REQUEST], "total": 0, "limit": 0, "offset": 0,
                             "errors": None})
 
-    result = attribute(assemble(read_any(path)), "server")
+    result = attribute(assemble(read_spans(path)), "server")
 
     # Window [0, 800) µs; tokenize (priority 9) wins its overlap with queue (50-60).
     expected = dict.fromkeys(STAGE_NAMES, 0) | {
@@ -204,8 +203,8 @@ def test_truncated_file_names_the_file(tmp_path):
     path.write_text(json.dumps({"data": [TRACE_ONE]})[:300])
 
     assert guess_format(path) == "jaeger"
-    with pytest.raises(TraceImportError) as info:
-        read_any(path)
+    with pytest.raises(TraceFileError) as info:
+        read_spans(path)
     assert info.value.path == str(path)
     assert str(info.value).startswith(f"{path}: not valid JSON")
 
@@ -215,7 +214,7 @@ def test_bad_tag_names_the_element(tmp_path):
                                     "tags": [tag("n", "int64", "many")]}]}
     path = write(tmp_path, {"data": [bad]})
 
-    with pytest.raises(TraceImportError) as info:
+    with pytest.raises(TraceFileError) as info:
         IMPORTERS["jaeger"].read(path)
     assert str(info.value) == (
         f"{path}: data[0].spans[0].tags[0].value: 'many' is not a valid int64 value"
@@ -226,6 +225,6 @@ def test_missing_process_names_the_span(tmp_path):
     bad = {**TRACE_TWO, "processes": {}}
     path = write(tmp_path, bad)
 
-    with pytest.raises(TraceImportError) as info:
+    with pytest.raises(TraceFileError) as info:
         IMPORTERS["jaeger"].read(path)
     assert str(info.value) == f"{path}: trace.spans[0].processID: no process 'p1' in 'processes'"

@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, Status, StatusCode
 
-from ttft.collectors.importers import IMPORTERS, TraceImportError, guess_format
+from ttft.collectors import TraceFileError, guess_format, write_trace
+from ttft.collectors.importers import IMPORTERS
 from ttft.collectors.importers import otlp as otlp_importer
 from ttft.collectors.otlp_rows import parse_json_request
-from ttft.collectors.store import write_trace
 from ttft.tracer.schema import METADATA_KEY, SPAN_SCHEMA
 
 T0_NS = 1_700_000_000_000_000_000
@@ -217,7 +217,7 @@ def test_other_files_are_not_claimed(tmp_path, sdk):
     for path in (parquet, other_json, text, empty, tmp_path / "missing.jsonl", tmp_path):
         assert (JSON_READER.guess_can_open(path), PROTO_READER.guess_can_open(path)) == (
             False, False)
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         guess_format(other_json)
     assert error.value.path == str(other_json)
     assert str(error.value).startswith(f"{other_json}: not a trace format ttft reads; ")
@@ -226,7 +226,7 @@ def test_other_files_are_not_claimed(tmp_path, sdk):
 def test_a_line_that_is_not_json_is_named(tmp_path, sdk):
     path = tmp_path / "spans.jsonl"
     path.write_bytes(FORMS["collector-hex-lines"][2](sdk[2][:1]) + b"\n{not json\n")
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         JSON_READER.read(path)
     assert (error.value.path, error.value.reason) == (
         str(path), "line 3: not JSON (Expecting property name enclosed in double quotes, "
@@ -245,7 +245,7 @@ def test_a_bad_id_names_the_line_and_field(tmp_path, sdk, field, value, message)
     bad["resourceSpans"][0]["scopeSpans"][0]["spans"][1][field] = value
     path = tmp_path / "spans.jsonl"
     path.write_bytes(lines([json.dumps(good), json.dumps(bad)]))
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         JSON_READER.read(path)
     assert error.value.reason == ("line 2: not a valid OTLP/JSON ExportTraceServiceRequest: "
                                   f"resourceSpans[0].scopeSpans[0].spans[1].{message}")
@@ -254,12 +254,12 @@ def test_a_bad_id_names_the_line_and_field(tmp_path, sdk, field, value, message)
 def test_json_that_is_no_trace_export_is_named(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{}\n{"resourceMetrics": []}\n')
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         JSON_READER.read(path)
     assert error.value.reason == ("line 2: not an OTLP trace export (no resourceSpans; keys: "
                                   "resourceMetrics)")
     path.write_text('[{"resourceSpans": []}, 3]')
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         JSON_READER.read(path)
     assert error.value.reason == "element 1: a JSON number, not an export request object"
 
@@ -268,13 +268,13 @@ def test_a_truncated_frame_is_named(tmp_path, sdk):
     messages = [r.SerializeToString() for r in sdk[2]]
     path = tmp_path / "spans.pb"
     path.write_bytes(framed(messages)[:-3])
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         PROTO_READER.read(path)
     first, second = (len(m) for m in messages)
     assert error.value.reason == (f"frame 2 (byte {4 + first}): truncated: {second - 3} of "
                                   f"{second} bytes")
     path.write_bytes(framed(messages) + b"\0\0")
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         PROTO_READER.read(path)
     assert error.value.reason == (f"frame 3 (byte {8 + first + second}): truncated length "
                                   "prefix (2 of 4 bytes)")
@@ -283,13 +283,13 @@ def test_a_truncated_frame_is_named(tmp_path, sdk):
 def test_a_frame_that_does_not_parse_is_named(tmp_path, sdk):
     path = tmp_path / "spans.pb"
     path.write_bytes(framed([sdk[2][0].SerializeToString(), b"\xff\xff\xff\xff"]))
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         PROTO_READER.read(path)
     assert error.value.reason.startswith(
         f"frame 2 (byte {4 + sdk[2][0].ByteSize()}): not a valid protobuf "
         "ExportTraceServiceRequest: ")
     path.write_bytes(framed([b"\x28\xb5\x2f\xfd" + b"\0" * 8]))
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         PROTO_READER.read(path)
     assert error.value.reason.startswith("frame 1 (byte 0): zstd-compressed (the Collector's "
                                          "compression: zstd)")
@@ -319,12 +319,12 @@ def test_invalid_spans_are_counted_and_the_rest_is_read(tmp_path, sdk):
 def test_gzip_is_bounded_and_checked(tmp_path, sdk, monkeypatch):
     path, _ = write(tmp_path, "gzip-collector-hex", sdk[2])
     monkeypatch.setattr(otlp_importer, "MAX_DECOMPRESSED_BYTES", 100)
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         JSON_READER.read(path)
     assert error.value.reason == "decompresses to more than 100 bytes"
     monkeypatch.undo()
     path.write_bytes(path.read_bytes()[:-12])
-    with pytest.raises(TraceImportError) as error:
+    with pytest.raises(TraceFileError) as error:
         JSON_READER.read(path)
     assert error.value.reason == ("not valid gzip: Compressed file ended before the "
                                   "end-of-stream marker was reached")
@@ -332,7 +332,7 @@ def test_gzip_is_bounded_and_checked(tmp_path, sdk, monkeypatch):
 
 def test_a_missing_file_is_named(tmp_path):
     for reader in (JSON_READER, PROTO_READER):
-        with pytest.raises(TraceImportError) as error:
+        with pytest.raises(TraceFileError) as error:
             reader.read(tmp_path / "missing")
         assert (error.value.path, error.value.reason) == (
             str(tmp_path / "missing"), "No such file or directory")

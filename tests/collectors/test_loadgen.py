@@ -12,8 +12,8 @@ import pytest
 from _live import Collect, running
 
 import ttft.tracer as tt
+from ttft.collectors import TraceWriter, read_spans
 from ttft.collectors.loadgen import results_table, run
-from ttft.collectors.store import TraceWriter, read_trace
 from ttft.collectors.workloads import WorkItem, burst, poisson, workload
 from ttft.engine.server import build_engine, create_app
 from ttft.tracer.schema import CLIENT_CLOCK
@@ -101,7 +101,7 @@ def test_poisson_workload_is_traced_and_joins_the_servers_trace(url, tmp_path):
         server = servers[r.request_id]
         assert f"{server.context.trace_id:032x}" == r.trace_id
         assert f"{server.parent.span_id:016x}" == client_span(r)["span_id"]
-    table = read_trace(tmp_path / "trace.parquet")
+    table = read_spans(tmp_path / "trace.parquet")
     assert table.num_rows == results_table(results).num_rows == sum(len(r.rows) for r in results)
     assert set(table.column("trace_id").to_pylist()) == {r.trace_id for r in results}
 

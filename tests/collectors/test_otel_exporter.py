@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode
 
+from ttft.collectors import TraceWriter, read_spans, run_metadata
 from ttft.collectors.otel_exporter import ParquetSpanExporter
-from ttft.collectors.store import TraceWriter, read_metadata, read_trace
 from ttft.tracer.schema import SCHEMA_VERSION
 
 T0_NS = 1_700_000_000_000_000_000
@@ -60,7 +60,7 @@ def test_spans_events_and_links_from_a_real_tracer_provider(tmp_path):
     root.end(end_time=T0_NS + 70)
     provider.shutdown()
 
-    rows = read_trace(path).to_pylist()
+    rows = read_spans(path).to_pylist()
 
     trace_id, root_id = hex_ids(root)
     tokenize_id, forward_id, marker_id = (hex_ids(s)[1] for s in (tokenize, forward, marker))
@@ -140,7 +140,7 @@ def test_spans_events_and_links_from_a_real_tracer_provider(tmp_path):
             "attributes": '{"http.method":"POST"}',
         },
     ]
-    assert read_metadata(path) == {"workload": "unit", "schema_version": SCHEMA_VERSION}
+    assert run_metadata(read_spans(path)) == {"workload": "unit", "schema_version": SCHEMA_VERSION}
 
 
 def test_point_spans_stay_one_row_and_unknown_stages_are_kept(tmp_path):
@@ -160,7 +160,7 @@ def test_point_spans_stay_one_row_and_unknown_stages_are_kept(tmp_path):
     provider.shutdown()
 
     assert writer.closed
-    rows = read_trace(path).to_pylist()
+    rows = read_spans(path).to_pylist()
     assert [(r["name"], r["stage"], r["request_id"], r["attributes"]) for r in rows] == [
         (
             "first_token",
@@ -176,7 +176,7 @@ def test_point_spans_stay_one_row_and_unknown_stages_are_kept(tmp_path):
             '{"otel.status_code":"ERROR","otel.status_description":"cuda oom","ttft.stage":"warm"}',
         ),
     ]
-    assert read_metadata(path) == {"run": 3, "schema_version": SCHEMA_VERSION}
+    assert run_metadata(read_spans(path)) == {"run": 3, "schema_version": SCHEMA_VERSION}
 
 
 def finished_spans(count: int) -> list[ReadableSpan]:
@@ -240,11 +240,11 @@ def test_a_bad_span_is_dropped_and_the_rest_written(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, logger="ttft.collectors.otel_exporter"):
         result = exporter.export([good[0], backwards, good[1]])
     assert exporter.force_flush(timeout_millis=1000) is True
-    flushed = read_trace(tmp_path / "trace.parquet.parts")
+    flushed = read_spans(tmp_path / "trace.parquet.parts")
     exporter.shutdown()
 
     assert result is SpanExportResult.FAILURE
     assert exporter.dropped_spans == 1
     assert [r.getMessage() for r in caplog.records] == ["cannot convert span 'backwards'; dropped"]
     assert flushed.column("name").to_pylist() == ["span-0", "span-1"]
-    assert read_trace(path).column("name").to_pylist() == ["span-0", "span-1"]
+    assert read_spans(path).column("name").to_pylist() == ["span-0", "span-1"]

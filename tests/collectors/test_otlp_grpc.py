@@ -25,9 +25,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
+from ttft.collectors import TraceWriter, read_spans
 from ttft.collectors.otlp_grpc import EXPORT_METHOD, Collector, OTLPGrpcReceiver
 from ttft.collectors.otlp_receiver import OTLPReceiver
-from ttft.collectors.store import TraceWriter, read_trace
 
 T0_NS = 1_700_000_000_000_000_000
 TRACE = "5b8efff798038103d269b633813fc60c"
@@ -97,7 +97,7 @@ def test_sdk_grpc_exporter_spans_reach_the_trace_file(tmp_path, compression):
     writer.close()
     assert counters == (2, 27, 0, 0)
 
-    rows = rows_of(read_trace(path))
+    rows = rows_of(read_spans(path))
     assert len(rows) == 28  # 27 spans and the forward span's event
     assert [row["name"] for row in rows[3:]] == ["step"] * 25
     forward, root = spans[0], spans[1]
@@ -158,7 +158,7 @@ def test_bad_messages_are_answered_and_the_receiver_keeps_serving(tmp_path):
     assert partial.partial_success.error_message == (
         f"span 'tokenize' ends ({T0_NS - 1}) before it starts ({T0_NS})")
     assert counters == (4, 2, 1, 1)
-    assert [row["name"] for row in rows_of(read_trace(path))] == ["queue", "tokenize"]
+    assert [row["name"] for row in rows_of(read_spans(path))] == ["queue", "tokenize"]
 
 
 def test_a_failing_sink_is_internal_and_stop_is_idempotent():
@@ -236,7 +236,7 @@ def test_collector_runs_both_receivers_into_one_trace(tmp_path):
     counters = (collector.requests, collector.spans_received, collector.spans_rejected,
                 collector.rejected)
     assert counters == (2, 5, 0, 0)
-    names = sorted(row["name"] for row in rows_of(read_trace(path)))
+    names = sorted(row["name"] for row in rows_of(read_spans(path)))
     assert names == ["first_sampled", "model.forward", "server", "step", "step", "step"]
 
 

@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Link
 
+from ttft.collectors import TraceWriter, read_spans
 from ttft.collectors.otlp_receiver import OTLPReceiver
-from ttft.collectors.store import TraceWriter, read_trace
 
 T0_NS = 1_700_000_000_000_000_000
 TRACE = "5b8efff798038103d269b633813fc60c"
@@ -51,7 +51,7 @@ def test_sdk_exporter_spans_events_and_links_reach_the_trace_file(tmp_path, comp
 
     trace_id, root_id = ids(root)
     _, forward_id = ids(forward)
-    rows = rows_of(read_trace(path))
+    rows = rows_of(read_spans(path))
     event_id = rows[2]["span_id"]
     assert len(event_id) == 16 and event_id not in (root_id, forward_id)
     common = {"trace_id": trace_id, "service": "engine"}

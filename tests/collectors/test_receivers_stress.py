@@ -38,10 +38,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
-from ttft.collectors import otlp_receiver
+from ttft.collectors import TraceWriter, otlp_receiver, read_spans
 from ttft.collectors.otlp_grpc import EXPORT_METHOD, OTLPGrpcReceiver
 from ttft.collectors.otlp_receiver import TRACES_PATH, OTLPReceiver
-from ttft.collectors.store import TraceWriter, read_trace
 
 SEED = 20_240_611
 SENDERS = 8
@@ -164,17 +163,28 @@ class Send:
 
 
 def http_send(kind: str, index: int, rng: random.Random) -> Send:
+    if kind in BAD_BODIES:
+        return bad_body_send(kind, index, rng)
+    if kind in HTTP_BAD:
+        return bad_framing_send(kind, index, rng)
+    assert kind in HTTP_GOOD
+    body = valid_json(index) if kind.startswith("json") else (
+        valid_request(index).SerializeToString())
+    headers = {"Content-Type": JSON if kind.startswith("json") else PROTO}
+    if kind.endswith("gzip"):
+        body = gzip.compress(body)
+        headers["Content-Encoding"] = "gzip"
+    return Send(kind, body, headers, 200, span_ids(index), fresh=rng.random() < 0.2)
+
+
+BAD_BODIES = frozenset(("random_proto", "truncated_proto", "invalid_json", "json_not_request",
+                        "bad_ids_json", "oversized", "gzip_bomb"))
+"""The bad HTTP kinds whose body is wrong; the others frame or label a good body wrongly."""
+
+
+def bad_body_send(kind: str, index: int, rng: random.Random) -> Send:
     proto, js = {"Content-Type": PROTO}, {"Content-Type": JSON}
-    if kind in HTTP_GOOD:
-        body = valid_json(index) if kind.startswith("json") else (
-            valid_request(index).SerializeToString())
-        headers = dict(js if kind.startswith("json") else proto)
-        if kind.endswith("gzip"):
-            body = gzip.compress(body)
-            headers["Content-Encoding"] = "gzip"
-        return Send(kind, body, headers, 200, span_ids(index), fresh=rng.random() < 0.2)
     expected = HTTP_BAD[kind]
-    good = valid_request(index).SerializeToString()
     if kind == "random_proto":
         return Send(kind, unparseable_bytes(rng), proto, expected)
     if kind == "truncated_proto":
@@ -189,6 +199,16 @@ def http_send(kind: str, index: int, rng: random.Random) -> Send:
     if kind == "bad_ids_json":
         body = valid_json(index).replace(trace_id(index).encode(), b"zz" * 16, 1)
         return Send(kind, body, js, expected)
+    if kind == "oversized":
+        return Send(kind, oversized_bytes(rng), proto, expected)
+    assert kind == "gzip_bomb"
+    return Send(kind, GZIP_BOMB, {**proto, "Content-Encoding": "gzip"}, expected)
+
+
+def bad_framing_send(kind: str, index: int, rng: random.Random) -> Send:
+    proto = {"Content-Type": PROTO}
+    expected = HTTP_BAD[kind]
+    good = valid_request(index).SerializeToString()
     if kind == "not_gzip":
         return Send(kind, good, {**proto, "Content-Encoding": "gzip"}, expected)
     if kind == "truncated_gzip":
@@ -202,10 +222,6 @@ def http_send(kind: str, index: int, rng: random.Random) -> Send:
         return Send(kind, good, proto, expected, wire="short")
     if kind == "no_content_length":
         return Send(kind, good, proto, expected, wire="chunked")
-    if kind == "oversized":
-        return Send(kind, oversized_bytes(rng), proto, expected)
-    if kind == "gzip_bomb":
-        return Send(kind, GZIP_BOMB, {**proto, "Content-Encoding": "gzip"}, expected)
     if kind == "wrong_content_type":
         return Send(kind, good, {"Content-Type": "text/plain"}, expected)
     assert kind == "wrong_encoding"
@@ -384,7 +400,7 @@ def test_http_receiver_survives_a_storm_of_bad_bodies(tmp_path, n_bad, n_good):
     assert (final_status, stopped) == (200, True)
     valid = [index for kind, index in items if kind in HTTP_GOOD] + [n_bad + n_good]
     sent_ids = [span_id for index in valid for span_id in span_ids(index)]
-    table = read_trace(path)
+    table = read_spans(path)
     stored = table.column("span_id").to_pylist()
     assert len(sent_ids) == (n_good + 1) * SPANS_PER_REQUEST
     assert (table.num_rows, len(set(stored))) == (len(sent_ids), len(sent_ids))

@@ -18,15 +18,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ttft.collectors._client_request import Request, send
+from ttft.collectors._pool import Pool
 from ttft.collectors._sender import (
     Connection,
     Origin,
-    Pool,
     ProtocolError,
     StaleConnection,
     wait_until,
 )
-from ttft.collectors.loadgen import _Request, _send
 from ttft.tracer.api import clock_ns
 
 TIMEOUT_S = 5.0
@@ -544,9 +544,9 @@ def test_a_server_that_never_answers_times_out():
             conn.send(WIRE, rec)
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(rec.done), 0.2)
-            req = _Request(0, clock_ns())
+            req = Request(0, clock_ns())
             req.start_ns = clock_ns()
-            return rec.events, await _send(client.pool, req, WIRE, 0.2), srv.accepted
+            return rec.events, await send(client.pool, req, WIRE, 0.2), srv.accepted
 
     events, result, accepted = run(main)
     assert [e[0] for e in events] == ["sent"]
@@ -612,20 +612,20 @@ SSE_OK = chunked(SSE)
 
 
 async def send_twice(*scripts: Sequence[Reply]):
-    """Two requests through the load generator's ``_send``: the first on a new connection,
-    the second on that connection reused. Returns both results, the server's connection
-    index per request, and the pool's open count and idle connections."""
+    """Two requests through the load generator's ``_client_request.send``: the first on a
+    new connection, the second on that connection reused. Returns both results, the
+    server's connection index per request, and the pool's open count and idle connections."""
     async with Server(scripted(*scripts)) as srv:
         pool = Pool(Origin(srv.url), 4, spare=0)
         try:
             results = []
             for i in range(2):
-                req = _Request(i, clock_ns())
+                req = Request(i, clock_ns())
                 req.start_ns = clock_ns()
                 conn = pool.take()
                 if conn is not None:
                     req.send_on(conn, WIRE)
-                results.append(await _send(pool, req, WIRE, TIMEOUT_S))
+                results.append(await send(pool, req, WIRE, TIMEOUT_S))
             return results, [index for index, _, _ in srv.requests], pool.open, len(pool.idle)
         finally:
             await pool.close()

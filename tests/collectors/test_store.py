@@ -11,14 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ttft.collectors.store import (
-    TraceFileError,
-    TraceWriter,
-    iter_batches,
-    read_metadata,
-    read_trace,
-    to_span_table,
-)
+from ttft.collectors import TraceFileError, TraceWriter, read_spans, run_metadata
+from ttft.collectors._spans import to_span_table
+from ttft.collectors.parquet import iter_batches
 from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
 NEVER = None  # flush_interval_s that disables time-based flushing
@@ -52,7 +47,7 @@ def test_round_trip_keeps_values_types_and_metadata(tmp_path):
         writer.append(rows(0, 6))
         writer.set_metadata(device="H200")
 
-    table = read_trace(path)
+    table = read_spans(path)
 
     assert table.schema.equals(SPAN_SCHEMA)
     assert table.schema.field("stage").type == pa.dictionary(pa.int32(), pa.string())
@@ -63,7 +58,7 @@ def test_round_trip_keeps_values_types_and_metadata(tmp_path):
         "device": "H200",
         "schema_version": SCHEMA_VERSION,
     }
-    assert read_metadata(path) == expected_metadata
+    assert run_metadata(read_spans(path)) == expected_metadata
     assert json.loads(table.schema.metadata[METADATA_KEY]) == expected_metadata
     assert not (tmp_path / "trace.parquet.parts").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.parquet"]
@@ -84,7 +79,7 @@ def test_append_casts_tables_and_batches_with_plain_string_columns(tmp_path):
         writer.append(plain)
         writer.append(int8_dict)
 
-    assert read_trace(path).to_pylist() == rows(0, 5)
+    assert read_spans(path).to_pylist() == rows(0, 5)
 
 
 def test_to_span_table_fills_missing_nullable_columns_with_nulls():
@@ -134,13 +129,13 @@ def test_many_flushes_write_parts_then_merge_all_rows_in_order(tmp_path):
         "part-00001.parquet",
         "part-00002.parquet",
     ]
-    assert read_trace(parts).to_pylist() == rows(0, 9)
+    assert read_spans(parts).to_pylist() == rows(0, 9)
     assert writer.rows_written == 9
 
     writer.close()
     writer.close()  # idempotent
 
-    assert read_trace(path).to_pylist() == rows(0, 10)
+    assert read_spans(path).to_pylist() == rows(0, 10)
     assert not parts.exists()
     assert pq.ParquetFile(path).metadata.num_rows == 10
     with pytest.raises(ValueError, match="writer is closed"):
@@ -158,9 +153,9 @@ def test_without_merge_the_directory_of_parts_is_the_trace(tmp_path):
     parts = tmp_path / "trace.parquet.parts"
     assert not path.exists()
     assert sorted(p.name for p in parts.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
-    assert read_trace(parts).to_pylist() == rows(0, 12)
-    assert read_trace(path).to_pylist() == rows(0, 12)  # falls back to <path>.parts
-    assert read_metadata(parts) == {"run": 1, "schema_version": SCHEMA_VERSION}
+    assert read_spans(parts).to_pylist() == rows(0, 12)
+    assert read_spans(path).to_pylist() == rows(0, 12)  # falls back to <path>.parts
+    assert run_metadata(read_spans(parts)) == {"run": 1, "schema_version": SCHEMA_VERSION}
     assert [b.num_rows for b in iter_batches(parts, batch_rows=7)] == [7, 3, 2]
 
 
@@ -168,8 +163,8 @@ def test_a_writer_that_never_got_rows_leaves_an_empty_trace(tmp_path):
     path = tmp_path / "trace.parquet"
     TraceWriter(path, metadata={"run": 2}).close()
 
-    assert read_trace(path).num_rows == 0
-    assert read_metadata(path) == {"run": 2, "schema_version": SCHEMA_VERSION}
+    assert read_spans(path).num_rows == 0
+    assert run_metadata(read_spans(path)) == {"run": 2, "schema_version": SCHEMA_VERSION}
 
 
 def test_a_killed_writer_leaves_exactly_the_flushed_rows(tmp_path):
@@ -177,7 +172,7 @@ def test_a_killed_writer_leaves_exactly_the_flushed_rows(tmp_path):
     child = textwrap.dedent(
         f"""
         import json, os
-        from ttft.collectors.store import TraceWriter
+        from ttft.collectors import TraceWriter
 
         def row(i):
             return {{"trace_id": f"{{i:032x}}", "name": f"span-{{i}}", "stage": "queue",
@@ -207,11 +202,11 @@ def test_a_killed_writer_leaves_exactly_the_flushed_rows(tmp_path):
         "part-00000.parquet",
         "part-00001.parquet",
     ]
-    table = read_trace(parts)
+    table = read_spans(parts)
     assert [(r["name"], r["start_ns"]) for r in table.to_pylist()] == [
         (f"span-{i}", i) for i in range(5)
     ]
-    assert read_metadata(parts) == {"run": "crash", "schema_version": SCHEMA_VERSION}
+    assert run_metadata(read_spans(parts)) == {"run": "crash", "schema_version": SCHEMA_VERSION}
     with pytest.raises(FileExistsError, match="holds parts of another run"):
         TraceWriter(path)
 
@@ -225,14 +220,14 @@ def test_the_timer_flushes_rows_older_than_the_interval(tmp_path):
         while not part.exists() and time.monotonic() < deadline_s:
             time.sleep(0.01)
 
-        assert read_trace(part).to_pylist() == rows(0, 2)
+        assert read_spans(part).to_pylist() == rows(0, 2)
         assert writer.rows_written == 2
 
 
 def test_read_trace_missing_path_names_it(tmp_path):
     path = tmp_path / "nope.parquet"
     with pytest.raises(TraceFileError) as excinfo:
-        read_trace(path)
+        read_spans(path)
     assert str(excinfo.value) == f"{path}: does not exist"
     assert excinfo.value.path == str(path)
 
@@ -241,15 +236,18 @@ def test_read_trace_non_parquet_bytes_names_the_file(tmp_path):
     path = tmp_path / "trace.parquet"
     path.write_bytes(b"this is not parquet at all")
     with pytest.raises(TraceFileError) as excinfo:
-        read_trace(path)
+        read_spans(path, format="ttft")
     assert str(excinfo.value).startswith(f"{path}: not a readable Parquet file (")
+    with pytest.raises(TraceFileError) as excinfo:
+        read_spans(path)  # guessed: no format recognises it
+    assert str(excinfo.value).startswith(f"{path}: not a trace format ttft reads; expected")
 
 
 def test_read_trace_parquet_without_ttft_metadata_names_the_file(tmp_path):
     path = tmp_path / "plain.parquet"
     pq.write_table(to_span_table(rows(0, 2)), path)
     with pytest.raises(TraceFileError) as excinfo:
-        read_metadata(path)
+        run_metadata(read_spans(path))
     assert str(excinfo.value) == (
         f"{path}: no ttft run metadata (key-value key 'ttft'); not a ttft trace"
     )
@@ -264,7 +262,7 @@ def test_read_trace_missing_columns_are_named(tmp_path):
     table = to_span_table(rows(0, 2)).drop_columns(["clock", "attributes"])
     write_with_metadata(path, table, {"schema_version": SCHEMA_VERSION})
     with pytest.raises(TraceFileError) as excinfo:
-        read_trace(path)
+        read_spans(path)
     assert str(excinfo.value) == f"{path}: missing column(s): clock, attributes"
 
 
@@ -272,7 +270,7 @@ def test_read_trace_rejects_a_newer_schema_version(tmp_path):
     path = tmp_path / "trace.parquet"
     write_with_metadata(path, to_span_table(rows(0, 1)), {"schema_version": SCHEMA_VERSION + 1})
     with pytest.raises(TraceFileError) as excinfo:
-        read_trace(path)
+        read_spans(path)
     assert str(excinfo.value) == (
         f"{path}: schema_version {SCHEMA_VERSION + 1} is newer than this ttft supports "
         f"({SCHEMA_VERSION}); upgrade ttft"
@@ -284,7 +282,7 @@ def test_read_trace_keeps_rows_with_bad_values_for_analysis_to_count(tmp_path):
     path = tmp_path / "trace.parquet"
     table = pa.Table.from_pylist(rows(0, 3) + [span_row(3, stage=None)])
     write_with_metadata(path, table, {"schema_version": SCHEMA_VERSION})
-    back = read_trace(path)
+    back = read_spans(path)
     assert back.num_rows == 4
     assert back.column("stage").to_pylist()[3] is None
 
@@ -293,7 +291,7 @@ def test_read_trace_empty_directory_names_it(tmp_path):
     (tmp_path / "parts").mkdir()
     (tmp_path / "parts" / ".part-00000.parquet.tmp").write_bytes(b"")
     with pytest.raises(TraceFileError) as excinfo:
-        read_trace(tmp_path / "parts")
+        read_spans(tmp_path / "parts")
     assert str(excinfo.value) == f"{tmp_path / 'parts'}: directory holds no Parquet part files"
 
 
@@ -328,6 +326,6 @@ def test_concurrent_appends_and_timed_flushes_keep_every_row(tmp_path):
         for thread in threads:
             thread.join()
 
-    names = read_trace(path).column("name").to_pylist()
+    names = read_spans(path).column("name").to_pylist()
     assert sorted(names) == sorted(f"span-{k * 1000 + i}" for k in range(8) for i in range(300))
     assert writer.rows_written == 2400

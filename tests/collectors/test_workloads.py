@@ -1,4 +1,4 @@
-"""Workloads: arrival patterns, synthetic and shared-prefix prompts, replay parsing, and
+"""Workloads: arrival patterns, generated and shared-prefix prompts, replay parsing, and
 exact prompt lengths through a real server's ``/tokenize`` (the tiny reference model over
 loopback)."""
 
@@ -17,9 +17,9 @@ from ttft.collectors.workloads import (
     burst,
     constant,
     fit_to_server,
+    generated_prompts,
     poisson,
     read_replay,
-    synthetic,
 )
 from ttft.engine.server import build_engine, create_app
 
@@ -96,15 +96,15 @@ def test_read_replay_names_the_bad_line(tmp_path):
         read_replay(path)
 
 
-def test_synthetic_prompts_have_the_asked_lengths_and_share_prefixes():
+def test_generated_prompts_have_the_asked_lengths_and_share_prefixes():
     offsets = constant(10.0, 60)
-    plain = synthetic(offsets, prompt_tokens=(20, 40), max_tokens=8, seed=3)
+    plain = generated_prompts(offsets, prompt_tokens=(20, 40), max_tokens=8, seed=3)
     assert [it.arrival_s for it in plain] == offsets
     assert all(20 <= len(it.prompt.split()) == it.target_tokens <= 40 for it in plain)
-    assert len({it.prompt for it in plain}) == 60 and plain == synthetic(
+    assert len({it.prompt for it in plain}) == 60 and plain == generated_prompts(
         offsets, prompt_tokens=(20, 40), max_tokens=8, seed=3
     )
-    shared = synthetic(offsets, prompt_tokens=(30, 30), max_tokens=8, shared_prefix=(3, 4),
+    shared = generated_prompts(offsets, prompt_tokens=(30, 30), max_tokens=8, shared_prefix=(3, 4),
                        prefix_tokens=12, seed=3)
     assert {it.group for it in shared} == {"prefix-0", "prefix-1", "prefix-2"}
     assert len({it.prompt for it in shared}) == 12  # P x S distinct prompts, then repeats
@@ -113,19 +113,19 @@ def test_synthetic_prompts_have_the_asked_lengths_and_share_prefixes():
         heads = {it.prompt[: it.shared_chars] for it in members}
         assert len(heads) == 1 and len(heads.pop().split()) == 12
         assert len({it.prompt for it in members}) == 4
-    mixed = synthetic(constant(10.0, 400), prompt_tokens=(30, 30), max_tokens=8,
+    mixed = generated_prompts(constant(10.0, 400), prompt_tokens=(30, 30), max_tokens=8,
                       shared_prefix=(3, 4), shared_fraction=0.25, seed=3)
     assert sum(it.group is not None for it in mixed) == pytest.approx(100, abs=30)
     assert all(it.shared_chars == 0 for it in mixed if it.group is None)
     with pytest.raises(ValueError, match="prefix tokens"):
-        synthetic(offsets, prompt_tokens=(10, 20), max_tokens=1, shared_prefix=(2, 2),
+        generated_prompts(offsets, prompt_tokens=(10, 20), max_tokens=1, shared_prefix=(2, 2),
                   prefix_tokens=10)
     with pytest.raises(ValueError, match="prompt tokens"):
-        synthetic(offsets, prompt_tokens=(20, 10), max_tokens=1)
+        generated_prompts(offsets, prompt_tokens=(20, 10), max_tokens=1)
 
 
 def test_fit_to_server_makes_prompts_exact_and_keeps_shared_prefixes(engine):
-    items = synthetic(constant(10.0, 12), prompt_tokens=(15, 60), max_tokens=4,
+    items = generated_prompts(constant(10.0, 12), prompt_tokens=(15, 60), max_tokens=4,
                       shared_prefix=(2, 3), prefix_tokens=10, seed=1)
     with running(create_app(engine, model_name=MODEL)) as url:
         fitted = asyncio.run(fit_to_server(url, items, model=MODEL))
@@ -138,6 +138,6 @@ def test_fit_to_server_makes_prompts_exact_and_keeps_shared_prefixes(engine):
 
 
 def test_fit_to_server_without_tokenize_leaves_prompts_approximate():
-    items = synthetic([0.0], prompt_tokens=(5, 5), max_tokens=1)
+    items = generated_prompts([0.0], prompt_tokens=(5, 5), max_tokens=1)
     with running(Starlette()) as url:  # every path is 404
         assert asyncio.run(fit_to_server(url, items)) is None

@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from ttft.collectors.store import read_trace, trace_files
+from ttft.collectors import read_spans
+from ttft.collectors.parquet import trace_files
 from ttft.collectors.synthetic import generate
 from ttft.reports.cli import app
 
@@ -62,7 +63,7 @@ CHILD = FLUSH_TABLE_SRC + '''
 import sys
 import time
 
-from ttft.collectors.store import TraceWriter
+from ttft.collectors import TraceWriter
 from ttft.collectors.synthetic import generate
 
 path, requests, flushes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -166,7 +167,7 @@ def test_a_writer_killed_at_random_keeps_every_reported_flush(
         # a torn temporary part that even starts like Parquet is never taken for a trace part
         (parts / ".part-99999.parquet.tmp").write_bytes(b"PAR1 torn")
         assert [p.name for p in trace_files(parts)] == finished
-        table = read_trace(parts)
+        table = read_spans(parts)
         expected = pa.concat_tables(flush_table(unit, k) for k in range(len(finished)))
         assert table.num_rows == expected.num_rows == len(finished) * unit.num_rows
         assert _rows(table) == _rows(expected)

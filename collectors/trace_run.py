@@ -9,14 +9,17 @@ that exports no spans still gives the client's view (``connect``, ``network``, T
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import platform
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata as importlib_metadata
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -24,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.collectors import loadgen, workloads
-from ttft.collectors.store import TraceWriter
 from ttft.collectors.workloads import WorkItem
+from ttft.collectors.writer import TraceWriter
 
 __all__ = ["TraceRun", "TraceSpec", "build_workload", "server_models", "trace_server"]
 
@@ -137,7 +140,7 @@ def build_workload(spec: TraceSpec) -> list[WorkItem]:
                    else workloads.constant(spec.rate, n))
     else:
         offsets = workloads.burst(n)
-    return workloads.synthetic(offsets, prompt_tokens=spec.prompt_tokens,
+    return workloads.generated_prompts(offsets, prompt_tokens=spec.prompt_tokens,
                                max_tokens=spec.output_tokens, shared_prefix=spec.shared_prefix,
                                prefix_tokens=spec.prefix_tokens,
                                shared_fraction=spec.shared_fraction, seed=spec.seed)
@@ -232,6 +235,12 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
     prompts exactly through ``/tokenize`` when the server has one; send it; wait (at most
     ``span_wait_s``) until every answered request's trace has spans from the server; stop.
 
+    Interrupted by Ctrl-C (``KeyboardInterrupt``) or, while it runs, by SIGTERM (which it
+    handles as Ctrl-C; on the main thread only, the previous handler is restored after), it
+    stops sending, stops the receivers and closes the trace, which then holds the server's
+    spans received so far and the client spans of every request that ended; then the
+    ``KeyboardInterrupt`` goes on.
+
     Args:
         on_start: called with the number of requests and the receiver endpoint.
         on_sent, on_result: passed to :func:`loadgen.run`.
@@ -242,9 +251,75 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
     Raises:
         ValueError: a bad option. ConnectionError: the server is unreachable or has no such
         model. OSError: the receiver cannot bind, or ``out`` cannot be written.
+        KeyboardInterrupt: Ctrl-C or SIGTERM, after the trace was closed.
     """
     started = time.perf_counter()
-    items = build_workload(spec)
+    with _sigterm_as_interrupt():
+        items = build_workload(spec)
+        model, models = _choose_model(spec)
+        fitted = asyncio.run(workloads.fit_to_server(spec.url, items, model=model,
+                                                     api_key=spec.api_key))
+        exact = fitted is not None and all(it.exact for it in fitted if it.target_tokens)
+        items = fitted if fitted is not None else items
+        writer = TraceWriter(out, metadata=_run_metadata(spec, model, models, fitted, exact))
+        sink = _SeenSink(writer)
+        receivers: list[Any] = []
+        try:
+            receivers.extend(_start_receivers(spec, sink))
+            endpoint = receivers[0].endpoint
+            if on_start is not None:
+                on_start(len(items), endpoint)
+            results = asyncio.run(loadgen.run(
+                spec.url, items, chat=spec.endpoint == "chat", model=model,
+                concurrency=spec.concurrency, warmup=spec.warmup, api_key=spec.api_key,
+                timeout_s=spec.timeout_s, writer=writer, on_sent=on_sent, on_result=on_result))
+            if on_waiting is not None:
+                on_waiting()
+            if after_load is not None:
+                after_load()
+            _wait_for_spans(sink, {r.trace_id for r in results if r.status_code == 200},
+                            spec.span_wait_s)
+        finally:
+            for receiver in receivers:
+                receiver.stop()
+            writer.close()
+    with sink.lock:
+        joined = len({r.trace_id for r in results} & sink.trace_ids)
+    return TraceRun(Path(out), results, model, exact, sink.rows, joined, endpoint,
+                    time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM does what Ctrl-C does: inside ``asyncio.run`` its SIGINT
+    handler cancels the main task (whose ``finally`` blocks run) and then raises
+    ``KeyboardInterrupt``; elsewhere Python's raises it at once. The previous SIGTERM
+    handler is restored after. Off the main thread (where no handler can be installed)
+    this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # SIGINT ignored or left to the OS: still stop cleanly
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _choose_model(spec: TraceSpec) -> tuple[str, dict[str, Any]]:
+    """The model to trace (the spec's, else the server's first) and ``/v1/models``' answer.
+
+    Raises:
+        ConnectionError: the server is unreachable, lists no model, or not the spec's.
+    """
     models = server_models(spec.url, spec.api_key)
     ids = [m.get("id") for m in models.get("data") or () if isinstance(m, dict)]
     model = spec.model or (ids[0] if ids else None)
@@ -253,12 +328,14 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
     if ids and model not in ids:
         raise ConnectionError(f"{spec.url} does not serve {model!r} (it serves: "
                               f"{', '.join(map(str, ids))})")
-    fitted = asyncio.run(workloads.fit_to_server(spec.url, items, model=model,
-                                                 api_key=spec.api_key))
-    exact = fitted is not None and all(it.exact for it in fitted if it.target_tokens)
-    items = fitted if fitted is not None else items
+    return model, models
+
+
+def _run_metadata(spec: TraceSpec, model: str, models: dict[str, Any],
+                  fitted: list[WorkItem] | None, exact: bool) -> dict[str, Any]:
+    """The trace's run metadata: command, arguments (no secrets), server, versions."""
     arguments = {k: v for k, v in asdict(spec).items() if k not in ("api_key", "receiver_token")}
-    writer = TraceWriter(out, metadata={
+    return {
         "command": "ttft trace",
         "arguments": arguments,
         "server": {"url": spec.url, "model": model, "models": models},
@@ -267,32 +344,7 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
                            if fitted is None else "mostly exact (some could not be fitted)"),
         "versions": _versions(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    })
-    sink = _SeenSink(writer)
-    receivers: list[Any] = []
-    try:
-        receivers.extend(_start_receivers(spec, sink))
-        endpoint = receivers[0].endpoint
-        if on_start is not None:
-            on_start(len(items), endpoint)
-        results = asyncio.run(loadgen.run(
-            spec.url, items, chat=spec.endpoint == "chat", model=model,
-            concurrency=spec.concurrency, warmup=spec.warmup, api_key=spec.api_key,
-            timeout_s=spec.timeout_s, writer=writer, on_sent=on_sent, on_result=on_result))
-        if on_waiting is not None:
-            on_waiting()
-        if after_load is not None:
-            after_load()
-        _wait_for_spans(sink, {r.trace_id for r in results if r.status_code == 200},
-                        spec.span_wait_s)
-    finally:
-        for receiver in receivers:
-            receiver.stop()
-        writer.close()
-    with sink.lock:
-        joined = len({r.trace_id for r in results} & sink.trace_ids)
-    return TraceRun(Path(out), results, model, exact, sink.rows, joined, endpoint,
-                    time.perf_counter() - started)
+    }
 
 
 QUIET_S = 1.0

@@ -1,0 +1,256 @@
+"""One request of the load generator: the sink its connection reports the response to, the
+SSE parsing that finds the client events, and the request's span rows when it ends
+(DESIGN.md, stages ``client`` and ``connect``, the client events)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ttft.collectors._pool import Pool
+from ttft.collectors._sender import Connection, StaleConnection
+from ttft.collectors.rows import Event, span_rows
+from ttft.collectors.workloads import WorkItem
+from ttft.tracer.api import clock_ns
+from ttft.tracer.context import new_span_id, new_trace_id
+from ttft.tracer.schema import (
+    ATTR_CACHED_TOKENS,
+    ATTR_PROMPT_TOKENS,
+    CLIENT_CLOCK,
+    EV_FIRST_TOKEN,
+    EV_TOKEN,
+)
+
+SERVICE = "loadgen"
+"""The ``service`` value of every row the load generator writes."""
+
+
+@dataclass
+class RequestResult:
+    """The client's view of one request.
+
+    Attributes:
+        index: position in the workload.
+        trace_id: the request's trace (32 hex), sent as ``traceparent``.
+        request_id: the server's response ``id``, if one arrived.
+        ttft_s: client span start to the first content chunk; None without one.
+        e2e_s: client span start to its last byte.
+        tokens: completion tokens (from usage, else the number of content chunks).
+        prompt_tokens, cached_tokens: from usage, None if the server sent none.
+        status_code: HTTP status, None if no response arrived.
+        error: why the request failed, None if it did not.
+        rows: the request's span rows (SPAN_SCHEMA dicts).
+    """
+
+    index: int
+    trace_id: str
+    request_id: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    tokens: int = 0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    status_code: int | None = None
+    error: str | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+
+class Probe:
+    """Collects the timing of a connect the request waited for (``started``, ``connected``)."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = {}
+
+    def __call__(self, name: str, ns: int) -> None:
+        self.ns.setdefault(name, ns)
+
+
+def sse_events(buffer: bytearray) -> list[str]:
+    """Pop complete SSE events from ``buffer``; return each event's joined ``data``."""
+    out: list[str] = []
+    while True:
+        normal, crlf = buffer.find(b"\n\n"), buffer.find(b"\r\n\r\n")
+        if normal < 0 and crlf < 0:
+            return out
+        if crlf >= 0 and (normal < 0 or crlf < normal):
+            end, sep = crlf, 4
+        else:
+            end, sep = normal, 2
+        block = bytes(buffer[:end]).decode("utf-8", "replace")
+        del buffer[:end + sep]
+        data = [line[5:].removeprefix(" ") for line in block.splitlines()
+                if line.startswith("data:")]
+        if data:
+            out.append("\n".join(data))
+
+
+class Request:
+    """One request's state while it runs: the sink its connection reports the response to
+    (``_sender.Sink``); ``finish`` turns it into a result with rows."""
+
+    def __init__(self, index: int, scheduled_ns: int, item: WorkItem | None = None) -> None:
+        self.item = item
+        self.trace_id = f"{new_trace_id():032x}"
+        self.span_id = new_span_id()
+        self.result = RequestResult(index, self.trace_id)
+        self.events: list[tuple[str, int]] = [("scheduled", scheduled_ns)]
+        self.probe = Probe()
+        self.start_ns = 0
+        self.sent_ns: int | None = None
+        self.content_chunks = 0
+        self.completion_tokens: int | None = None
+        self.conn: Connection | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.tls = False
+        self.buffer = bytearray()
+        self.got_body = self.got_event = self.got_done = False
+
+    def event(self, name: str, ns: int | None = None) -> None:
+        self.events.append((name, clock_ns() if ns is None else ns))
+
+    def send_on(self, conn: Connection, wire: bytes) -> None:
+        """Write the encoded request on ``conn``; ``done`` resolves when the response ends."""
+        self.conn, self.done = conn, asyncio.get_running_loop().create_future()
+        conn.send(wire, self)
+
+    def on_sent(self, ns: int) -> None:
+        self.sent_ns = ns
+
+    def on_headers(self, status: int, headers: dict[str, str], ns: int) -> None:
+        self.event("headers", ns)
+        self.result.status_code = status
+
+    def on_body(self, data: bytes, ns: int) -> None:
+        if not self.got_body:
+            self.got_body = True
+            self.event("first_chunk", ns)
+        self.buffer.extend(data)
+        if self.result.status_code != 200:
+            return
+        for event in sse_events(self.buffer):
+            if not self.got_event:
+                self.got_event = True
+                self.event("first_event", ns)
+            if event.strip() == "[DONE]":
+                self.got_done = True
+                continue
+            try:
+                self.on_payload(json.loads(event), ns)
+            except ValueError:
+                self.result.error = f"bad SSE data: {event[:200]!r}"
+
+    def on_end(self, ns: int) -> None:
+        if self.result.status_code != 200:
+            text = self.buffer.decode("utf-8", "replace")
+            self.result.error = f"HTTP {self.result.status_code}: {text[:300]}"
+        elif not self.got_done and self.result.error is None:
+            self.result.error = "stream ended without [DONE]"
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def on_error(self, exc: BaseException) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(exc)
+
+    def on_payload(self, payload: Any, now_ns: int) -> None:
+        if not isinstance(payload, dict):
+            return
+        if "error" in payload and payload["error"]:
+            err = payload["error"]
+            self.result.error = str(err.get("message", err) if isinstance(err, dict) else err)
+            return
+        if self.result.request_id is None and payload.get("id"):
+            self.result.request_id = str(payload["id"])
+        for choice in payload.get("choices") or ():
+            delta = choice.get("delta")
+            text = choice.get("text") if delta is None else delta.get("content")
+            if text:
+                self.content_chunks += 1
+                self.event(EV_TOKEN if self.content_chunks > 1 else EV_FIRST_TOKEN, now_ns)
+            elif delta is not None and delta.get("role") and self.content_chunks == 0:
+                self.event("role_chunk", now_ns)
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self.result.prompt_tokens = usage.get("prompt_tokens")
+            self.completion_tokens = usage.get("completion_tokens")
+            details = usage.get("prompt_tokens_details") or {}
+            self.result.cached_tokens = details.get("cached_tokens")
+
+    def _client_attributes(self) -> dict[str, Any]:
+        r = self.result
+        attrs: dict[str, Any] = {
+            "index": r.index, "status_code": r.status_code,
+            ATTR_PROMPT_TOKENS: r.prompt_tokens, "completion_tokens": self.completion_tokens,
+            ATTR_CACHED_TOKENS: r.cached_tokens, "content_chunks": self.content_chunks,
+        }
+        if self.item is not None and self.item.target_tokens is not None:
+            attrs["prompt_tokens_target"] = self.item.target_tokens
+            attrs["prompt_tokens_exact"] = self.item.exact
+        if self.item is not None and self.item.group is not None:
+            attrs["prefix_group"] = self.item.group
+        if r.cached_tokens is not None:
+            attrs["condition"] = "prefix_hit" if r.cached_tokens > 0 else "cold"
+        if r.error is not None:
+            attrs["error"] = r.error
+        return attrs
+
+    def finish(self, end_ns: int) -> RequestResult:
+        """Fill in the result and its rows (:func:`ttft.collectors.rows.span_rows`): the
+        ``client`` span with the client events in time order, and a ``connect`` child when
+        the request waited for a new connection."""
+        r = self.result
+        r.e2e_s = (end_ns - self.start_ns) / 1e9
+        r.tokens = self.completion_tokens if self.completion_tokens is not None \
+            else self.content_chunks
+        first = [ns for name, ns in self.events if name == EV_FIRST_TOKEN]
+        r.ttft_s = (first[0] - self.start_ns) / 1e9 if first else None
+        if self.sent_ns is not None:
+            self.events.append(("sent", self.sent_ns))
+        client_id = f"{self.span_id:016x}"
+        common = {"trace_id": self.trace_id, "clock": CLIENT_CLOCK, "service": SERVICE,
+                  "request_id": r.request_id}
+        r.rows = span_rows(
+            "client", span_id=client_id, parent_id=None, start_ns=self.start_ns, end_ns=end_ns,
+            attributes=self._client_attributes(),
+            events=[Event(name, ns) for name, ns in sorted(self.events, key=lambda e: e[1])],
+            **common)
+        p = self.probe.ns
+        if "started" in p:
+            start = p["started"]
+            r.rows += span_rows(
+                "connect", span_id=f"{new_span_id():016x}", parent_id=client_id,
+                start_ns=start, end_ns=max(start, p.get("connected", end_ns)),
+                attributes={"tls": self.tls}, **common)
+        return r
+
+
+async def send(pool: Pool, req: Request, wire: bytes, timeout_s: float) -> RequestResult:
+    """Read one request's response to its end, sending it first unless ``req.conn`` already
+    carries it; failures land in ``req.result``. A reused connection the server had closed
+    is replaced once."""
+
+    async def exchange() -> None:
+        for retry in (False, True):
+            if req.conn is None:
+                req.send_on(await pool.connect(req.probe), wire)
+            assert req.done is not None
+            try:
+                return await req.done
+            except StaleConnection:
+                if retry:
+                    raise
+                pool.release(req.conn)
+                req.conn = None
+
+    try:
+        await asyncio.wait_for(exchange(), timeout_s)
+    except asyncio.TimeoutError:
+        req.result.error = f"timed out after {timeout_s} s"
+    except (OSError, ValueError) as exc:
+        req.result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if req.conn is not None:
+        pool.release(req.conn)  # closed unless its response ended cleanly
+    req.tls = pool.origin.ssl is not None
+    return req.finish(clock_ns())

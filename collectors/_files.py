@@ -1,0 +1,100 @@
+"""How a ttft trace lies on disk: one Parquet file, or the part files of a writer that
+has not merged them yet, each written whole under a temporary name and renamed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ttft.tracer.schema import METADATA_KEY
+
+PARTS_SUFFIX = ".parts"
+"""A writer's part files live in ``<path>.parts/`` until they are merged into ``<path>``."""
+
+WRITE_OPTIONS: dict = {
+    # Measured by benchmarks/storage.py (about 24 B/span on synthetic traces, from 31 with
+    # zstd alone; rows grouped by trace, `_by_trace`): dictionaries for the columns that
+    # repeat (parents have several children), random span ids as length-prefixed runs zstd
+    # packs to their 8 bytes of entropy, times as deltas (rows of a trace are close in time).
+    "compression": "zstd",
+    "dictionary_pagesize_limit": 64 << 20,  # past 1 MiB (20k traces) pyarrow drops to plain
+    "use_dictionary": ["trace_id", "parent_id", "request_id", "name", "stage", "clock", "service"],
+    "column_encoding": {
+        "span_id": "DELTA_LENGTH_BYTE_ARRAY",
+        "start_ns": "DELTA_BINARY_PACKED",
+        "end_ns": "DELTA_BINARY_PACKED",
+        "attributes": "DELTA_BYTE_ARRAY",
+    },
+}
+_PART_RE = re.compile(r"^part-(\d+)\.parquet$")
+
+
+def parts_dir(path: str | os.PathLike[str]) -> Path:
+    """The directory where a writer of ``path`` keeps its part files."""
+    return Path(os.fspath(path) + PARTS_SUFFIX)
+
+
+def _part_key(name: str) -> tuple[int, int, str]:
+    match = _PART_RE.match(name)
+    return (0, int(match.group(1)), name) if match else (1, 0, name)
+
+
+def part_files(directory: Path) -> list[Path]:
+    """Visible ``*.parquet`` files of ``directory`` in part order; temp dot-files excluded."""
+    if not directory.is_dir():
+        return []
+    names = [
+        entry.name for entry in os.scandir(directory)
+        if entry.is_file() and entry.name.endswith(".parquet")
+        and not entry.name.startswith((".", "_"))
+    ]
+    return [directory / name for name in sorted(names, key=_part_key)]
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def discard(tmp: Path) -> None:
+    """Remove a temporary file after a failed write. A failure here (e.g. its directory is
+    gone) is ignored, so it never hides why the write failed; readers skip dot-files."""
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
+
+
+def by_trace(table: pa.Table) -> pa.Table:
+    """The rows of each trace together, traces in order of their first row, rows of a trace
+    in their order: a trace's id then repeats in runs and its times are close, which is
+    what makes a file small (readers never depend on row order)."""
+    if table.num_rows < 2:
+        return table
+    codes = pc.dictionary_encode(table.column("trace_id")).combine_chunks().indices
+    codes = codes.to_numpy(zero_copy_only=False)
+    order = np.argsort(codes, kind="stable")  # codes number traces by first appearance
+    if (order[1:] > order[:-1]).all():
+        return table
+    return table.take(order)
+
+
+def write_atomic(dest: Path, table: pa.Table, metadata_json: bytes) -> None:
+    """Write ``table`` to ``dest`` via a temporary dot-name, so ``dest`` is always whole."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    try:
+        table = by_trace(table).replace_schema_metadata({METADATA_KEY: metadata_json})
+        pq.write_table(table, tmp, **WRITE_OPTIONS)
+        fsync(tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        discard(tmp)
+        raise

@@ -1,0 +1,224 @@
+"""Applying a stage mapping to a span table: stage assignment and derived rows (the
+mechanics behind `ttft.collectors.importers.mapping.StageMapping.apply`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ttft.tracer.schema import EV_FIRST_SAMPLED
+
+if TYPE_CHECKING:
+    from ttft.collectors.importers.mapping import Rule
+
+DERIVE_VLLM = "vllm_latency"
+DERIVE_FIRST_END = "first_end:"
+REQUEST_ID_ATTRIBUTE = "gen_ai.request.id"
+VLLM_QUEUE_S = "gen_ai.latency.time_in_queue"
+VLLM_PREFILL_S = "gen_ai.latency.time_in_model_prefill"
+VLLM_TTFT_S = "gen_ai.latency.time_to_first_token"
+_MAX_S = 2**60 / 1e9
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
+    """Dictionary codes (int64, -1 for null) and the values they index."""
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(pa.string())
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = column.dictionary_encode()
+    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, encoded.dictionary.to_pylist()
+
+
+def _seconds_ns(value: Any) -> int | None:
+    """Seconds → ns; None for a non-number, a negative or an absurd (> 2^60 ns) value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or not 0 <= value <= _MAX_S:
+        return None
+    return round(value * 1e9)
+
+
+class Apply:
+    """One application of a rule table to one span table."""
+
+    def __init__(self, rules: tuple[Rule, ...], table: pa.Table) -> None:
+        self.rules, self.table = rules, table
+        self._attrs: dict[int, dict[str, Any]] = {}
+        self._trace: np.ndarray | None = None
+        self.derived: list[dict[str, Any]] = []
+        self.start = table.column("start_ns").to_numpy().astype(np.int64)
+        self.end = table.column("end_ns").to_numpy().astype(np.int64)
+
+    def attributes(self, row: int) -> dict[str, Any]:
+        if row not in self._attrs:
+            text = self.table.column("attributes")[row].as_py()
+            try:
+                value = json.loads(text) if text else {}
+            except ValueError:
+                value = {}
+            self._attrs[row] = value if isinstance(value, dict) else {}
+        return self._attrs[row]
+
+    def run(self) -> pa.Table:
+        table = self.table
+        if table.num_rows == 0:
+            return table
+        stage, stage_values = _codes(table.column("stage"))
+        assigned = self.assign(stage, stage_values)
+        request_id = self.fill_request_ids()
+        hit = np.flatnonzero(assigned >= 0)
+        for r, rule in enumerate(self.rules):
+            if rule.derive is not None:
+                rows = hit[assigned[hit] == r]
+                if len(rows):
+                    self.derive(rule, rows, request_id)
+        vocab = list(stage_values)
+        for s in {self.rules[r].stage for r in set(assigned[hit].tolist())} - set(vocab):
+            vocab.append(s)
+        index = {s: i for i, s in enumerate(vocab)}
+        new = stage.copy()
+        new[hit] = [index[self.rules[r].stage] for r in assigned[hit]]
+        changed = bool((new != stage).any())
+        if not changed and request_id is None and not self.derived:
+            return table
+        if changed:
+            codes = pa.array(new.astype(np.int32), mask=new < 0)
+            column = pa.DictionaryArray.from_arrays(codes, pa.array(vocab, pa.string()))
+            table = table.set_column(table.schema.get_field_index("stage"),
+                                     table.schema.field("stage"), column)
+        if request_id is not None:
+            table = table.set_column(table.schema.get_field_index("request_id"),
+                                     table.schema.field("request_id"), request_id)
+        if self.derived:
+            extra = pa.Table.from_pylist(self.derived, schema=table.schema)
+            table = pa.concat_tables([table, extra])
+        return table
+
+    def assign(self, stage: np.ndarray, stage_values: list[str]) -> np.ndarray:
+        """Rule index per row (-1: no rule), first matching rule wins."""
+        n = self.table.num_rows
+        assigned = np.full(n, -1, np.int64)
+        if not self.rules:
+            return assigned
+        name, name_values = _codes(self.table.column("name"))
+        service, service_values = _codes(self.table.column("service"))
+        code_of = {v: i for i, v in enumerate(stage_values)}
+        is_other = stage == code_of.get("other", -2)
+        is_event = stage == code_of.get("event", -2)
+        # The stage came from the name when its text equals the row's name.
+        name_code = {v: i for i, v in enumerate(name_values)}
+        as_name = np.array([name_code.get(v, -2) for v in stage_values] + [-2])
+        from_name = (as_name[stage] == name) & ~is_other
+        point = self.start == self.end
+        cand = np.flatnonzero(is_other | from_name | (is_event & point))
+        if not len(cand):
+            return assigned
+        # One pattern check per distinct (service, name); code -1 (null) reads as "".
+        services, names = [*service_values, ""], [*name_values, ""]
+        base = len(names)
+        key = (service[cand] % len(services)) * base + name[cand] % base
+        pairs, inv = np.unique(key, return_inverse=True)
+        pair_names = [(services[p // base], names[p % base]) for p in pairs.tolist()]
+        for r, rule in enumerate(self.rules):
+            ok = np.array([rule.matches_pair(s, m) for s, m in pair_names])
+            if not ok.any():
+                continue
+            rows = cand[ok[inv] & (assigned[cand] < 0)]
+            if rule.stage == "event":
+                keep = point[rows] & (is_other[rows] | is_event[rows]
+                                      | (rule.replace & from_name[rows]))
+            else:
+                keep = is_other[rows] | (rule.replace & from_name[rows])
+            rows = rows[keep]
+            if rule.attribute is not None and len(rows):
+                rows = rows[[rule.matches_attributes(self.attributes(i)) for i in rows]]
+            if rule.first and len(rows):
+                rows = self.earliest_per_trace(rows)
+            assigned[rows] = r
+        return assigned
+
+    def earliest_per_trace(self, rows: np.ndarray) -> np.ndarray:
+        """Of ``rows``, the earliest-starting one of each trace (ties: the first row)."""
+        if self._trace is None:
+            self._trace = _codes(self.table.column("trace_id"))[0]
+        trace = self._trace
+        order = np.lexsort((rows, self.start[rows], trace[rows]))
+        rows, keys = rows[order], trace[rows[order]]
+        head = np.ones(len(rows), bool)
+        head[1:] = keys[1:] != keys[:-1]
+        return np.sort(rows[head])
+
+    def fill_request_ids(self) -> pa.Array | None:
+        """``request_id`` with ``gen_ai.request.id`` filled in where it was null, or None
+        when no row changes."""
+        rid = self.table.column("request_id")
+        attrs = self.table.column("attributes")
+        maybe = pc.and_(pc.is_null(rid), pc.fill_null(
+            pc.match_substring(attrs, f'"{REQUEST_ID_ATTRIBUTE}"'), False))
+        rows = np.flatnonzero(np.asarray(maybe, dtype=bool))
+        found = {}
+        for row in rows.tolist():
+            value = self.attributes(row).get(REQUEST_ID_ATTRIBUTE)
+            if isinstance(value, (str, int)) and not isinstance(value, bool):
+                found[row] = str(value)
+        if not found:
+            return None
+        values = rid.to_pylist()
+        for row, value in found.items():
+            values[row] = value
+        return pa.array(values, pa.string())
+
+    def derive(self, rule: Rule, rows: np.ndarray, request_id: pa.Array | None) -> None:
+        assert rule.derive is not None
+        if rule.derive == DERIVE_VLLM:
+            for row in rows.tolist():
+                self.derive_vllm(row, request_id)
+            return
+        event = rule.derive[len(DERIVE_FIRST_END):]
+        for row in self.earliest_per_trace(rows).tolist():
+            t = int(self.end[row])
+            self.add(row, request_id, rule.derive, event, "event", t, t)
+
+    def derive_vllm(self, row: int, request_id: pa.Array | None) -> None:
+        attrs = self.attributes(row)
+        t0 = int(self.start[row])
+        queue_ns = _seconds_ns(attrs.get(VLLM_QUEUE_S))
+        prefill_ns = _seconds_ns(attrs.get(VLLM_PREFILL_S))
+        ttft_ns = _seconds_ns(attrs.get(VLLM_TTFT_S))
+        if queue_ns is not None:
+            t1 = t0 + queue_ns
+            self.add(row, request_id, DERIVE_VLLM, "queue", "queue", t0, t1)
+            if prefill_ns is not None:
+                self.add(row, request_id, DERIVE_VLLM, "prefill", "prefill", t1, t1 + prefill_ns)
+        if ttft_ns is not None:
+            t = t0 + ttft_ns
+            self.add(row, request_id, DERIVE_VLLM, EV_FIRST_SAMPLED, "event", t, t)
+
+    def add(self, row: int, request_id: pa.Array | None, derive: str, name: str, stage: str,
+            start_ns: int, end_ns: int) -> None:
+        """A derived row: a child of ``row``, its span id hashed from ``row``'s."""
+        col = self.table.column
+        trace_id, span_id = col("trace_id")[row].as_py(), col("span_id")[row].as_py()
+        seed = f"{trace_id}/{span_id if span_id is not None else row}/{derive}/{name}"
+        rid = (request_id if request_id is not None else col("request_id"))[row].as_py()
+        self.derived.append({
+            "trace_id": trace_id,
+            "span_id": hashlib.blake2b(seed.encode(), digest_size=8).hexdigest(),
+            "parent_id": span_id,
+            "request_id": rid,
+            "name": name,
+            "stage": stage,
+            "start_ns": start_ns,
+            "end_ns": end_ns,
+            "clock": col("clock")[row].as_py(),
+            "service": col("service")[row].as_py(),
+            "attributes": json.dumps({"ttft.derived": derive}),
+        })

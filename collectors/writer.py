@@ -1,0 +1,278 @@
+"""Writing traces: a whole table at once, or a crash-safe writer that flushes Parquet part
+files as spans arrive (DESIGN.md, "The span record")."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ttft.collectors._files import (
+    WRITE_OPTIONS,
+    discard,
+    fsync,
+    part_files,
+    parts_dir,
+    write_atomic,
+)
+from ttft.collectors._spans import to_span_table
+from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
+
+__all__ = ["TraceWriter", "write_trace"]
+
+logger = logging.getLogger(__name__)
+
+
+def write_trace(
+    path: str | os.PathLike[str], table: pa.Table, metadata: Mapping[str, Any] | None = None
+) -> Path:
+    """Write a whole span table as one trace file at once (atomically, via a temporary
+    name), with ``metadata`` plus ``schema_version`` as its run metadata.
+
+    Raises:
+        ValueError: the table does not fit the span schema (names the row and field).
+        TypeError: the metadata cannot be written as JSON.
+    """
+    dest = Path(path)
+    table = to_span_table(table)
+    try:
+        metadata_json = json.dumps(
+            {**(metadata or {}), "schema_version": SCHEMA_VERSION}, sort_keys=True
+        ).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"metadata: {exc}") from exc
+    write_atomic(dest, table, metadata_json)
+    return dest
+
+
+class TraceWriter:
+    """Buffers spans and writes them as crash-safe zstd Parquet part files.
+
+    Buffered rows become one part ``<path>.parts/part-NNNNN.parquet`` when ``flush_spans``
+    rows are buffered or the oldest is ``flush_interval_s`` old (checked on :meth:`append` and
+    by a daemon timer thread), and on :meth:`flush` and :meth:`close`. A part is written under
+    a temporary dot-name, fsynced and renamed, so a crash loses at most the rows appended
+    since the last flush. :meth:`close` merges the parts into ``path`` (replacing any file
+    there) unless ``merge_on_close`` is false. Every file carries the run metadata.
+
+    Threading: all methods may be called from any thread. :meth:`append` holds a lock only
+    briefly, but writes the part on the calling thread when a flush is due.
+
+    Failure: a failed flush raises to its caller (the timer thread logs instead); the rows
+    it held are lost and counted in ``dropped_rows``. Parts already written stay on disk.
+
+    Attributes:
+        path: the merged trace file written by :meth:`close`.
+        parts_dir: the directory of part files.
+        rows_written: rows written to part files so far.
+        dropped_rows: rows lost to failed flushes.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, metadata: Mapping[str, Any] | None = None,
+                 flush_spans: int = 50_000, flush_interval_s: float | None = 5.0,
+                 merge_on_close: bool = True) -> None:
+        """Create the parts directory and start the timer thread.
+
+        Args:
+            path: the trace file to produce.
+            metadata: run metadata (JSON-serializable values); ``schema_version`` is added.
+            flush_spans: flush when this many rows are buffered.
+            flush_interval_s: flush when the oldest buffered row is this old; ``None``
+                disables time-based flushing (and the timer thread).
+            merge_on_close: merge the parts into ``path`` on close; else keep the directory.
+
+        Raises:
+            ValueError: a non-positive ``flush_spans`` or ``flush_interval_s``.
+            TypeError: a metadata value that is not JSON-serializable.
+            FileExistsError: ``<path>.parts`` already holds parts (e.g. of a crashed run).
+            OSError: the parts directory cannot be created.
+        """
+        if flush_spans < 1:
+            raise ValueError(f"flush_spans must be >= 1, got {flush_spans}")
+        if flush_interval_s is not None and not flush_interval_s > 0:
+            raise ValueError(f"flush_interval_s must be > 0 or None, got {flush_interval_s}")
+        self.path = Path(path)
+        self.parts_dir = parts_dir(self.path)
+        self.merge_on_close = merge_on_close
+        self._flush_spans = flush_spans
+        self._flush_interval_ns = None if flush_interval_s is None else int(flush_interval_s * 1e9)
+        self._metadata: dict[str, Any] = {}
+        self._update_metadata(dict(metadata or {}))
+        if part_files(self.parts_dir):
+            raise FileExistsError(f"{self.parts_dir}: holds parts of another run; read or "
+                                  "remove them first")
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # guards the buffer, counters and metadata
+        self._io_lock = threading.Lock()  # serializes part writes and the merge
+        self._buffer: list[pa.Table] = []
+        self._buffered_rows = 0
+        self._oldest_ns: int | None = None  # monotonic time of the oldest buffered append
+        self._next_part = 0
+        self._closed = False
+        self.rows_written = 0
+        self.dropped_rows = 0
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+        if self._flush_interval_ns is not None:
+            self._timer = threading.Thread(target=self._run_timer, daemon=True,
+                                           name=f"ttft-writer:{self.path.name}")
+            self._timer.start()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
+
+    def _update_metadata(self, metadata: dict[str, Any]) -> None:
+        for key, value in metadata.items():  # fail here, not at the next flush
+            try:
+                json.dumps({key: value})
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"metadata {key!r}: {exc}") from exc
+        self._metadata.update(metadata)
+
+    def _metadata_json(self) -> bytes:
+        return json.dumps({**self._metadata, "schema_version": SCHEMA_VERSION},
+                          sort_keys=True).encode()
+
+    def set_metadata(self, **metadata: Any) -> None:
+        """Add or replace run metadata; later parts and the merged file carry it.
+
+        Raises:
+            ValueError: the writer is closed.
+            TypeError: a value that is not JSON-serializable.
+        """
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"{self.path}: writer is closed")
+            self._update_metadata(metadata)
+
+    def append(self, data: pa.Table | pa.RecordBatch | Iterable[Mapping[str, Any]]) -> None:
+        """Buffer spans (see :func:`to_span_table`); flush on this thread if one is due.
+
+        Raises:
+            ValueError: the writer is closed, or the data does not fit the span schema.
+            OSError: a due flush failed.
+        """
+        table = to_span_table(data)
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"{self.path}: writer is closed")
+            if table.num_rows == 0:
+                return
+            now_ns = time.monotonic_ns()
+            self._buffer.append(table)
+            self._buffered_rows += table.num_rows
+            if self._oldest_ns is None:
+                self._oldest_ns = now_ns
+            due = self._buffered_rows >= self._flush_spans or (
+                self._flush_interval_ns is not None
+                and now_ns - self._oldest_ns >= self._flush_interval_ns
+            )
+        if due:
+            self.flush()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Write the buffered rows as one part file now (nothing if none are buffered).
+
+        Args:
+            timeout_s: give up if another flush holds the writer longer than this.
+
+        Returns:
+            False if the timeout expired before the flush could start, else True.
+        """
+        if not self._io_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            return False
+        try:
+            self._flush_locked()
+        finally:
+            self._io_lock.release()
+        return True
+
+    def _flush_locked(self) -> None:
+        with self._lock:
+            if not self._buffer:
+                return
+            tables, self._buffer = self._buffer, []
+            rows, self._buffered_rows, self._oldest_ns = self._buffered_rows, 0, None
+            index, self._next_part = self._next_part, self._next_part + 1
+            metadata_json = self._metadata_json()
+        try:
+            table = pa.concat_tables(tables)
+            write_atomic(self.parts_dir / f"part-{index:05d}.parquet", table, metadata_json)
+        except BaseException:
+            with self._lock:
+                self.dropped_rows += rows
+            raise
+        with self._lock:
+            self.rows_written += rows
+
+    def _run_timer(self) -> None:
+        interval_ns = self._flush_interval_ns
+        assert interval_ns is not None
+        while not self._stop.is_set():
+            with self._lock:
+                oldest_ns = self._oldest_ns
+            now_ns = time.monotonic_ns()
+            if oldest_ns is not None and now_ns - oldest_ns >= interval_ns:
+                try:
+                    self.flush()
+                except Exception:
+                    logger.exception("%s: timed flush failed", self.path)
+                continue
+            wait_ns = interval_ns if oldest_ns is None else oldest_ns + interval_ns - now_ns
+            self._stop.wait(wait_ns / 1e9)
+
+    def close(self) -> None:
+        """Flush, stop the timer and, if ``merge_on_close``, merge the parts into ``path``.
+
+        Idempotent. A writer that never got a row still leaves a valid, empty trace. The
+        merge streams the parts row group by row group into a temporary file that is then
+        renamed to ``path``; the parts directory is removed only after that succeeded.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self._timer is not None and self._timer is not threading.current_thread():
+            self._timer.join()
+        with self._io_lock:
+            self._flush_locked()
+            if not part_files(self.parts_dir):
+                part = self.parts_dir / f"part-{self._next_part:05d}.parquet"
+                write_atomic(part, SPAN_SCHEMA.empty_table(), self._metadata_json())
+            if self.merge_on_close:
+                self._merge_locked()
+
+    def _merge_locked(self) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        schema = SPAN_SCHEMA.with_metadata({METADATA_KEY: self._metadata_json()})
+        try:
+            with pq.ParquetWriter(tmp, schema, **WRITE_OPTIONS) as sink:
+                for part in part_files(self.parts_dir):
+                    with pq.ParquetFile(part) as source:
+                        for group in range(source.num_row_groups):
+                            table = source.read_row_group(group)
+                            sink.write_table(table.replace_schema_metadata(None))
+            fsync(tmp)
+            os.replace(tmp, self.path)
+        except BaseException:
+            discard(tmp)
+            raise
+        shutil.rmtree(self.parts_dir)
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
