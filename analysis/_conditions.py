@@ -1,5 +1,5 @@
-"""The condition rule (``cold`` / ``prefix_hit``) and a group's request id, shared by
-assembly, blame and prefill scaling so they always label a request alike."""
+"""The condition rule (``cold`` / ``prefix_hit``) that ``analysis.assemble`` labels each
+request by, and the largest ``cached_tokens`` per group that prefill scaling reports too."""
 
 from __future__ import annotations
 
@@ -29,12 +29,3 @@ def conditions(server_cached: np.ndarray, prefill_cached: np.ndarray) -> np.ndar
     `max_cached`); more than 0 is a prefix hit, 0 is cold, none is unknown."""
     best = np.where(server_cached >= 0, server_cached, prefill_cached)
     return _NAMES[np.where(best > 0, 2, np.where(best == 0, 1, 0))]
-
-
-def first_request_ids(table: pa.Table, group: np.ndarray, n_groups: int) -> np.ndarray:
-    """The smallest non-null ``request_id`` of each group code (None where it has none):
-    the rule ``assemble`` names requests by, independent of row order."""
-    rid, rid_values = col.codes(table.column("request_id"))
-    m = (rid >= 0) & (group >= 0)
-    of_group = col.smallest_by_value(group[m], rid[m], rid_values, n_groups)
-    return np.asarray([*rid_values, None], dtype=object)[of_group]

@@ -34,7 +34,61 @@ from ttft.tracer.schema import (
     EV_FIRST_TOKEN,
     EV_TOKEN,
     REQUEST_STAGES,
+    STAGE_NAMES,
 )
+
+_STAGE_NAMES = np.asarray(STAGE_NAMES, dtype=object)
+
+
+@dataclass
+class Rows:
+    """Every row of the assembled table, decoded once, for the analyses beyond attribution
+    (blame, prefill scaling, regime, waterfalls), so none decodes the table again and all
+    mean the same by "request".
+
+    ``req`` is the row's request (an index into ``Assembly.requests``; -1 for rows of no
+    request, such as engine ``step`` and ``gpu`` spans); ``stage`` the canonical stage code
+    (``analysis._trees.CODE``); ``start_ns``/``end_ns`` after clock alignment (server clocks
+    moved onto the client's); ``valid`` false for rows the analysis ignores (a missing
+    field, end before start); ``service``/``clock`` codes into ``service_values`` /
+    ``clock_values`` (-1 for null). ``table`` is the span table itself (names, attributes).
+    """
+
+    table: pa.Table
+    req: np.ndarray
+    stage: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    valid: np.ndarray
+    service: np.ndarray
+    service_values: list[str]
+    clock: np.ndarray
+    clock_values: list[str]
+
+    def of(self, *stages: str, requests_only: bool = False) -> np.ndarray:
+        """Indices of the valid rows whose stage is one of ``stages`` (only rows of a
+        request with ``requests_only``), in table order."""
+        keep = self.valid & np.isin(self.stage, [CODE[s] for s in stages])
+        if requests_only:
+            keep &= self.req >= 0
+        return np.flatnonzero(keep)
+
+    def has_stage(self, rows: np.ndarray, *stages: str) -> np.ndarray:
+        """Boolean mask over ``rows``: the row's stage is one of ``stages``."""
+        return np.isin(self.stage[rows], [CODE[s] for s in stages])
+
+    def stage_names(self, rows: np.ndarray) -> np.ndarray:
+        """The canonical stage name of each of ``rows`` (object array)."""
+        return _STAGE_NAMES[self.stage[rows]]
+
+    def clock_names(self, rows: np.ndarray) -> np.ndarray:
+        """The clock of each of ``rows`` (object array, ``""`` for null)."""
+        return np.asarray([*self.clock_values, ""], dtype=object)[self.clock[rows]]
+
+    def int_attribute(self, rows: np.ndarray, key: str) -> np.ndarray:
+        """The integer attribute ``key`` of each of ``rows``; -1 where absent or not a
+        non-negative integer (malformed attributes never raise)."""
+        return col.int_attribute(self.table.column("attributes"), rows, key)
 
 
 @dataclass
@@ -53,6 +107,7 @@ class Assembly:
     token_req: np.ndarray
     token_ns: np.ndarray
     quality: Quality
+    rows: Rows
 
     def has_window(self, boundary: str) -> np.ndarray:
         a = self.requests[f"{boundary}_a"].to_numpy()
@@ -132,12 +187,9 @@ def assemble(table: pa.Table) -> Assembly:
     quality.clocks = clocks.estimate(
         row_req, n_req, clock_kind, start, end, clock_raw, clock_values
     )
+    service, service_values = col.codes(table.column("service"))
     shift = clocks.row_shift(
-        clock_raw,
-        clock_values,
-        quality.clocks,
-        lambda: trace,
-        lambda: col.codes(table.column("service"))[0],
+        clock_raw, clock_values, quality.clocks, lambda: trace, lambda: service
     )
     if shift is not None:
         start, end = start + shift, end + shift
@@ -205,7 +257,10 @@ def assemble(table: pa.Table) -> Assembly:
         & (windows["server_start"] < windows["client_start"])
     )
     quality.add("clock_shift", int(clock_shift.sum()), requests["trace_id"][clock_shift][:3])
-    return Assembly(requests, spans, token_req, token_ns, quality)
+    rows = Rows(
+        table, row_req, stage, start, end, valid, service, service_values, clock_raw, clock_values
+    )
+    return Assembly(requests, spans, token_req, token_ns, quality, rows)
 
 
 def _nulls(table: pa.Table, name: str) -> np.ndarray:

@@ -48,9 +48,10 @@ class Attribution:
     """Per-request parts of one boundary and policy.
 
     ``requests`` holds the requests that have a window (``trace_id``, ``request_id``,
-    ``condition``, ``a_ns``, ``ttft_ns``); ``attributed``, ``covered`` and ``raw`` are
-    int64 ns, one row per request of ``requests`` and one column per stage name.
-    ``attributed`` rows sum exactly to ``ttft_ns``.
+    ``condition``, ``a_ns``, ``ttft_ns``, and ``request``: the request's row in
+    ``Assembly.requests``, the index ``Assembly.rows.req`` uses); ``attributed``, ``covered``
+    and ``raw`` are int64 ns, one row per request of ``requests`` and one column per stage
+    name. ``attributed`` rows sum exactly to ``ttft_ns``.
     """
 
     boundary: str
@@ -130,6 +131,7 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     requests = reqs.iloc[keep][["trace_id", "request_id", "condition"]].reset_index(drop=True)
     requests["a_ns"] = a[keep]
     requests["ttft_ns"] = b[keep] - a[keep]
+    requests["request"] = keep
     return Attribution(
         boundary, policy, requests, frames["att"], frames["cov"], frames["raw"], quality
     )

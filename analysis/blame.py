@@ -1,6 +1,7 @@
 """Blame: what the engine was executing while a request waited (DESIGN.md, "Attribution").
 
-A request is a trace. Its waits are its ``queue`` spans and the gaps between its
+A request is a request of the assembly (``analysis.assemble``: traces sharing a
+``request_id`` are one request). Its waits are its ``queue`` spans and the gaps between its
 consecutive ``prefill.chunk`` spans. Each wait is split by the engine's ``step`` spans on
 the same ``(service, clock)``: the part of a step that overlaps the wait goes to ``prefill``
 and ``decode`` in proportion to the step's ``prefill_tokens`` (less this request's own
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from ttft.analysis import _columns as col
-from ttft.analysis._conditions import conditions, first_request_ids, max_cached
+from ttft.analysis._request_columns import request_columns
+from ttft.analysis.assemble import Assembly
 from ttft.tracer.schema import (
     ATTR_CHUNK_TOKENS,
     ATTR_DECODE_TOKENS,
@@ -44,66 +45,52 @@ SUMMARY_COLUMNS = (
 )
 
 
-def blame(table: pa.Table) -> pd.DataFrame:
+def blame(asm: Assembly) -> pd.DataFrame:
     """Split every request's waiting time by what the engine executed meanwhile.
 
     Args:
-        table: spans with `ttft.tracer.schema.SPAN_SCHEMA`. Missing or malformed
-            attributes count as absent and never raise.
+        asm: the assembled trace (`ttft.analysis.assemble.assemble`). Its clock-aligned
+            times and valid rows are used (rows it counts as defects, such as a missing
+            field or an end before the start, are not); the ``step`` spans are those of
+            any trace. Missing or malformed attributes count as absent and never raise.
 
     Returns:
-        One row per (request, wait) with wait time > 0, ordered by the trace's first row
-        and then `WAITS`: ``trace_id``, ``request_id`` (the trace's smallest non-null one),
-        ``condition`` (``cold``, ``prefix_hit`` or None, the rule of
-        ``analysis.assemble``), ``wait`` (one of `WAITS`), ``wait_ns`` and
-        ``prefill_ns``, ``decode_ns``, ``unknown_ns``, ``idle_ns`` (int64, summing to
-        ``wait_ns`` exactly). Several waits of one kind (several queue spans, several
-        gaps) are summed into one row. Prefill time is other requests' prefill: the
-        request's own chunk tokens are subtracted from a step's ``prefill_tokens``. A step
-        lacking ``prefill_tokens`` or ``decode_tokens``, with none left after the
-        subtraction, or carrying an own chunk without ``chunk_tokens``, is ``unknown``.
+        One row per (request, wait) with wait time > 0, in the order of ``asm.requests``
+        and then `WAITS`: ``trace_id``, ``request_id`` and ``condition`` (``cold``,
+        ``prefix_hit`` or None) of the request as ``asm.requests`` has them, ``wait`` (one
+        of `WAITS`), ``wait_ns`` and ``prefill_ns``, ``decode_ns``, ``unknown_ns``,
+        ``idle_ns`` (int64, summing to ``wait_ns`` exactly). Several waits of one kind
+        (several queue spans, several gaps, in any of the request's traces) are summed into
+        one row. Prefill time is other requests' prefill: the request's own chunk tokens
+        are subtracted from a step's ``prefill_tokens``. A step lacking ``prefill_tokens``
+        or ``decode_tokens``, with none left after the subtraction, or carrying an own
+        chunk without ``chunk_tokens``, is ``unknown``.
     """
-    if table.num_rows == 0:
-        return _empty(COLUMNS)
-    trace, trace_values = col.codes(table.column("trace_id"))
-    stage, stage_values = col.codes(table.column("stage"))
-    start = col.int64(table.column("start_ns"))
-    end = col.int64(table.column("end_ns"))
-    service, _ = col.codes(table.column("service"))
-    clock, clock_values = col.codes(table.column("clock"))
-    group = (service.astype(np.int64) + 1) * (len(clock_values) + 1) + clock + 1
-    attrs = table.column("attributes")
-
-    def rows_of(*names: str) -> np.ndarray:
-        codes = [stage_values.index(s) for s in names if s in stage_values]
-        return np.flatnonzero(np.isin(stage, codes) & (trace >= 0))
-
-    steps = _Steps(attrs, rows_of("step"), start, end, group, service)
-    chunk_rows = rows_of("prefill.chunk")
-    iv_trace, iv_wait, iv_a, iv_b, iv_group = _intervals(
-        rows_of("queue"), chunk_rows, trace, start, end, group
+    rows = asm.rows
+    start, end = rows.start_ns, rows.end_ns
+    group = (rows.service.astype(np.int64) + 1) * (len(rows.clock_values) + 1) + rows.clock + 1
+    attrs = rows.table.column("attributes")
+    steps = _Steps(attrs, rows.of("step"), start, end, group, rows.service)
+    chunk_rows = rows.of("prefill.chunk", requests_only=True)
+    iv_req, iv_wait, iv_a, iv_b, iv_group = _intervals(
+        rows.of("queue", requests_only=True), chunk_rows, rows.req, start, end, group
     )
-    if len(iv_trace) == 0:
+    if len(iv_req) == 0:
         return _empty(COLUMNS)
     parts = steps.split(iv_a, iv_b, iv_group)
-    steps.correct_own(parts, iv_trace, iv_a, iv_b, chunk_rows, trace, service, attrs)
+    steps.correct_own(parts, iv_req, iv_a, iv_b, chunk_rows, rows.req, rows.service, attrs)
 
-    # One row per (trace, wait): sum the intervals.
-    key = iv_trace.astype(np.int64) * len(WAITS) + iv_wait
+    # One row per (request, wait): sum the intervals.
+    key = iv_req * len(WAITS) + iv_wait
     order = np.argsort(key, kind="stable")
     key = key[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     wait_ns = np.add.reduceat((iv_b - iv_a)[order], first)
     sums = [np.add.reduceat(p[order], first) for p in parts]
-    out_trace = key[first] // len(WAITS)
-    n_traces = len(trace_values)
-    strings = {  # object columns keep None (pandas would infer strings with NaN)
-        "trace_id": np.asarray(trace_values, dtype=object)[out_trace],
-        "request_id": first_request_ids(table, trace, n_traces)[out_trace],
-        "condition": _conditions(table, trace, n_traces, stage, stage_values)[out_trace],
-        "wait": np.asarray(WAITS, dtype=object)[key[first] % len(WAITS)],
+    out: dict[str, object] = {
+        **request_columns(asm, key[first] // len(WAITS), "trace_id", "request_id", "condition")
     }
-    out: dict[str, object] = {k: pd.Series(v, dtype=object) for k, v in strings.items()}
+    out["wait"] = pd.Series(np.asarray(WAITS, dtype=object)[key[first] % len(WAITS)], dtype=object)
     out["wait_ns"] = wait_ns
     for kind, value in zip(KINDS[:3], sums, strict=True):
         out[f"{kind}_ns"] = value
@@ -141,20 +128,6 @@ def blame_summary(per_request: pd.DataFrame) -> pd.DataFrame:
             means = [v / count / 1e6 for v in sums]
             rows.append((condition, wait, count, *means, *(v / sums[0] for v in sums[1:])))
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
-
-
-def _conditions(
-    table: pa.Table, trace: np.ndarray, n_traces: int, stage: np.ndarray, stage_values: list[str]
-) -> np.ndarray:
-    """The condition of each trace code, by the rule of ``analysis._conditions``."""
-    attrs = table.column("attributes")
-
-    def cached(*names: str) -> np.ndarray:
-        codes = [stage_values.index(s) for s in names if s in stage_values]
-        rows = np.flatnonzero(np.isin(stage, codes) & (trace >= 0))
-        return max_cached(attrs, rows, trace, n_traces)
-
-    return conditions(cached("server"), cached("prefill", "prefill.chunk"))
 
 
 class _Steps:
@@ -219,20 +192,21 @@ class _Steps:
                 part[m] += value
         return parts
 
-    def correct_own(self, parts, iv_trace, a, b, chunk_rows, trace, service, attrs) -> None:
-        """Re-split the steps that carry the interval's own request's chunks."""
+    def correct_own(self, parts, iv_req, a, b, chunk_rows, req, service, attrs) -> None:
+        """Re-split the steps that carry the interval's own request's chunks (``req`` is
+        each row's request, ``iv_req`` each interval's)."""
         if len(chunk_rows) == 0 or len(self.start) == 0:
             return
         chunks = pd.DataFrame(
             {
-                "trace": trace[chunk_rows],
+                "req": req[chunk_rows],
                 "service": service[chunk_rows],
                 "step_id": col.int_attribute(attrs, chunk_rows, ATTR_STEP_ID),
                 "tokens": col.int_attribute(attrs, chunk_rows, ATTR_CHUNK_TOKENS),
             }
         )
         chunks = chunks[chunks["step_id"] >= 0]
-        own = chunks.groupby(["trace", "service", "step_id"], sort=False)["tokens"].agg(
+        own = chunks.groupby(["req", "service", "step_id"], sort=False)["tokens"].agg(
             ["sum", "min"]
         )
         own["own"] = np.where(own["min"] < 0, -1, own["sum"])  # -1: an own chunk of unknown size
@@ -245,8 +219,8 @@ class _Steps:
             }
         )
         pairs = own["own"].reset_index().merge(steps, on=["service", "step_id"])
-        ivs = pd.DataFrame({"trace": iv_trace, "iv": np.arange(len(iv_trace))})
-        pairs = pairs[["trace", "idx", "own"]].merge(ivs, on="trace")
+        ivs = pd.DataFrame({"req": iv_req, "iv": np.arange(len(iv_req))})
+        pairs = pairs[["req", "idx", "own"]].merge(ivs, on="req")
         iv = pairs["iv"].to_numpy()
         idx = pairs["idx"].to_numpy()
         m = (idx >= self.lo[iv]) & (idx < self.hi[iv])
@@ -273,23 +247,23 @@ def _split(ov_ns, prefill, decode, own) -> tuple[np.ndarray, np.ndarray, np.ndar
     return pre, np.where(known, ov_ns - pre, 0), np.where(known, 0, ov_ns)
 
 
-def _intervals(queue_rows, chunk_rows, trace, start, end, group):
-    """Waits as arrays (trace, wait index, a, b, group), each with ``b > a``.
+def _intervals(queue_rows, chunk_rows, req, start, end, group):
+    """Waits as arrays (request, wait index, a, b, group), each with ``b > a``.
 
-    Gaps are taken between consecutive chunks of one trace on one (service, clock),
+    Gaps are taken between consecutive chunks of one request on one (service, clock),
     sorted by start, from the latest chunk end so far (overlapping chunks leave no gap).
     """
     q_a, q_b = start[queue_rows], end[queue_rows]
     keep = q_b > q_a
-    out = [(trace[queue_rows][keep], 0, q_a[keep], q_b[keep], group[queue_rows][keep])]
+    out = [(req[queue_rows][keep], 0, q_a[keep], q_b[keep], group[queue_rows][keep])]
     if len(chunk_rows) > 1:
-        key = trace[chunk_rows].astype(np.int64) * (int(group.max()) + 1) + group[chunk_rows]
+        key = req[chunk_rows].astype(np.int64) * (int(group.max()) + 1) + group[chunk_rows]
         order = np.lexsort((start[chunk_rows], key))
         rows, key = chunk_rows[order], key[order]
         reach = pd.Series(end[rows]).groupby(key).cummax().to_numpy()
         a, b = reach[:-1], start[rows[1:]]
         keep = (key[1:] == key[:-1]) & (b > a)
-        out.append((trace[rows[:-1]][keep], 1, a[keep], b[keep], group[rows[:-1]][keep]))
+        out.append((req[rows[:-1]][keep], 1, a[keep], b[keep], group[rows[:-1]][keep]))
     cat = [np.concatenate([np.broadcast_to(o[j], len(o[0])) for o in out]) for j in range(5)]
     return tuple(c.astype(np.int64) for c in cat)
 

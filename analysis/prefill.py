@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from ttft.analysis import _columns as col
-from ttft.analysis._conditions import conditions, first_request_ids, max_cached
+from ttft.analysis._conditions import max_cached
+from ttft.analysis._request_columns import request_columns
+from ttft.analysis.assemble import Assembly
 from ttft.tracer.schema import ATTR_CHUNK_TOKENS, CONDITIONS
 
 POINT_COLUMNS = (
@@ -50,61 +51,48 @@ class QuadraticFit:
         return self.a_ns + n * (self.b_ns_per_token + n * self.c_ns_per_token2)
 
 
-def prefill_points(table: pa.Table) -> pd.DataFrame:
+def prefill_points(asm: Assembly) -> pd.DataFrame:
     """One point per request: its prefill compute time and the tokens it computed.
 
     Args:
-        table: spans with `ttft.tracer.schema.SPAN_SCHEMA`; a request is a trace.
+        asm: the assembled trace (`ttft.analysis.assemble.assemble`); a request is one of
+            ``asm.requests`` (traces sharing a ``request_id`` are one). Only its valid rows
+            are used: a chunk the assembly counts as a defect (a missing field, an end
+            before the start) is no chunk.
 
     Returns:
-        One row per trace with at least one ``prefill.chunk`` span, in order of the
-        trace's first row: ``trace_id``, ``request_id`` (the trace's smallest non-null one),
-        ``condition`` (``cold``, ``prefix_hit`` or None: ``cached_tokens`` of the
-        ``server`` span, else of the ``prefill`` and ``prefill.chunk`` spans, as in
-        ``analysis.assemble``), ``computed_tokens`` (the chunks' ``chunk_tokens`` summed),
-        ``cached_tokens`` (the largest on its chunks and ``prefill`` spans, 0 if absent),
-        ``chunks`` (count) and ``compute_ns`` (the chunks' durations summed, a negative
-        duration counted as 0). A trace with a chunk lacking a non-negative integer
-        ``chunk_tokens`` is dropped.
+        One row per request with at least one ``prefill.chunk`` span, in the order of
+        ``asm.requests``: ``trace_id``, ``request_id`` and ``condition`` (``cold``,
+        ``prefix_hit`` or None) of the request as ``asm.requests`` has them,
+        ``computed_tokens`` (the chunks' ``chunk_tokens`` summed), ``cached_tokens`` (the
+        largest on its chunks and ``prefill`` spans, 0 if absent), ``chunks`` (count) and
+        ``compute_ns`` (the chunks' durations summed). A request with a chunk lacking a
+        non-negative integer ``chunk_tokens`` is dropped.
     """
-    if table.num_rows == 0:
-        return _empty_points()
-    trace, trace_values = col.codes(table.column("trace_id"))
-    stage, stage_values = col.codes(table.column("stage"))
-    attrs = table.column("attributes")
-
-    def rows_of(*names: str) -> np.ndarray:
-        codes = [stage_values.index(s) for s in names if s in stage_values]
-        return np.flatnonzero(np.isin(stage, codes) & (trace >= 0))
-
-    chunk_rows = rows_of("prefill.chunk")
+    rows = asm.rows
+    chunk_rows = rows.of("prefill.chunk", requests_only=True)
     if len(chunk_rows) == 0:
         return _empty_points()
-    n_traces = len(trace_values)
-    dur_ns = (
-        col.int64(table.column("end_ns"))[chunk_rows]
-        - col.int64(table.column("start_ns"))[chunk_rows]
-    )
+    n_req = len(asm.requests)
+    attrs = rows.table.column("attributes")
+    dur_ns = rows.end_ns[chunk_rows] - rows.start_ns[chunk_rows]
     tokens = col.int_attribute(attrs, chunk_rows, ATTR_CHUNK_TOKENS)
-    owner = trace[chunk_rows]
-    chunks = np.bincount(owner, minlength=n_traces)
-    computed = np.zeros(n_traces, np.int64)
+    owner = rows.req[chunk_rows]
+    chunks = np.bincount(owner, minlength=n_req)
+    computed = np.zeros(n_req, np.int64)
     np.add.at(computed, owner, np.maximum(tokens, 0))
-    compute_ns = np.zeros(n_traces, np.int64)
-    np.add.at(compute_ns, owner, np.maximum(dur_ns, 0))
-    bad = np.zeros(n_traces, bool)
+    compute_ns = np.zeros(n_req, np.int64)
+    np.add.at(compute_ns, owner, dur_ns)
+    bad = np.zeros(n_req, bool)
     bad[owner[tokens < 0]] = True
-
-    cached = max_cached(attrs, rows_of("prefill", "prefill.chunk"), trace, n_traces)
-    condition = conditions(max_cached(attrs, rows_of("server"), trace, n_traces), cached)
+    cached = max_cached(
+        attrs, rows.of("prefill", "prefill.chunk", requests_only=True), rows.req, n_req
+    )
 
     keep = np.flatnonzero((chunks > 0) & ~bad)
     return pd.DataFrame(
         {
-            # object columns keep None (pandas would infer strings with NaN)
-            "trace_id": pd.Series(np.asarray(trace_values, dtype=object)[keep], dtype=object),
-            "request_id": pd.Series(first_request_ids(table, trace, n_traces)[keep], dtype=object),
-            "condition": pd.Series(condition[keep], dtype=object),
+            **request_columns(asm, keep, "trace_id", "request_id", "condition"),
             "computed_tokens": computed[keep],
             "cached_tokens": np.maximum(cached[keep], 0),
             "chunks": chunks[keep].astype(np.int64),

@@ -8,6 +8,8 @@ attributed time summed over requests divided by TTFT summed over requests;
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -118,11 +120,58 @@ def _stages_dict(table: pd.DataFrame) -> dict[str, dict[str, float]]:
     return {str(stage): {k: float(v) for k, v in row.items()} for stage, row in table.iterrows()}
 
 
+@dataclass
+class Summary:
+    """What ``ttft analyze --json`` prints (times in ms, ``share`` a fraction): the
+    contract every command's printed analysis comes from.
+
+    ``stages`` maps a stage to ``p50, p90, p99, mean, share, raw_mean, overlap_mean``;
+    ``conditions`` maps ``cold`` / ``prefix_hit`` to ``requests, ttft_ms, stages``;
+    ``itl_ms`` is None without two token events in a request; ``tail`` maps a stage to
+    ``tail_mean, median_mean``; ``quality`` counts each defect; ``clocks`` (see
+    `clock_list`) is None unless a clock pair disagrees.
+    """
+
+    trace: str
+    schema_version: int
+    boundary: str
+    policy: str
+    requests: int
+    ttft_ms: dict[str, float]
+    stages: dict[str, dict[str, float]]
+    conditions: dict[str, dict[str, Any]]
+    itl_ms: dict[str, float] | None
+    tail: dict[str, dict[str, float]]
+    quality: dict[str, int]
+    clocks: list[dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as JSON-ready values, keys in their documented order; ``clocks``
+        only when present."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["clocks"] is None:
+            del out["clocks"]
+        return out
+
+    def group(self, name: str) -> dict[str, Any]:
+        """``requests``, ``ttft_ms`` and ``stages`` of ``all`` requests or of a condition.
+
+        Raises:
+            KeyError: no request has that condition.
+        """
+        if name == "all":
+            return {"requests": self.requests, "ttft_ms": self.ttft_ms, "stages": self.stages}
+        return self.conditions[name]
+
+    def to_json(self) -> str:
+        """``ttft analyze --json``'s output (without the trailing newline)."""
+        return json.dumps(self.to_dict(), indent=2)
+
+
 def summarize(
     attr: Attribution, asm: Assembly, *, trace: str = "", schema_version: int = SCHEMA_VERSION
-) -> dict[str, Any]:
-    """Everything ``ttft analyze --json`` prints, in its exact shape (times in ms); the
-    last key, ``clocks``, only when a clock pair disagrees (see `clock_list`).
+) -> Summary:
+    """Summarize an attribution (see `Summary`).
 
     Args:
         attr: the attribution to summarize.
@@ -142,23 +191,22 @@ def summarize(
                 "stages": _stages_dict(stage_table(attr, mask)),
             }
     empty = {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
-    out = {
-        "trace": trace,
-        "schema_version": schema_version,
-        "boundary": attr.boundary,
-        "policy": attr.policy,
-        "requests": int(len(ttft)),
-        "ttft_ms": _ms(ttft) if len(ttft) else empty,
-        "stages": _stages_dict(stage_table(attr)),
-        "conditions": by_condition,
-        "itl_ms": inter_token(asm),
-        "tail": _stages_dict(tail_mix(attr)),
-        "quality": dict(attr.quality.counts),
-    }
     clocks = clock_list(attr)
-    if any(c["applied"] or c["violations_after"] for c in clocks):
-        out["clocks"] = clocks
-    return out
+    disagree = any(c["applied"] or c["violations_after"] for c in clocks)
+    return Summary(
+        trace=trace,
+        schema_version=schema_version,
+        boundary=attr.boundary,
+        policy=attr.policy,
+        requests=int(len(ttft)),
+        ttft_ms=_ms(ttft) if len(ttft) else empty,
+        stages=_stages_dict(stage_table(attr)),
+        conditions=by_condition,
+        itl_ms=inter_token(asm),
+        tail=_stages_dict(tail_mix(attr)),
+        quality=dict(attr.quality.counts),
+        clocks=clocks if disagree else None,
+    )
 
 
 def clock_list(attr: Attribution) -> list[dict[str, Any]]:
@@ -167,7 +215,7 @@ def clock_list(attr: Attribution) -> list[dict[str, Any]]:
     median per-request estimate whether applied or not, ``violations_*`` count requests
     whose server interval lies outside the client's at offset 0 and at the offset.
 
-    ``summarize`` includes this list (key ``clocks``, after ``quality``) only when a pair's
+    `Summary` holds this list (key ``clocks``, after ``quality``) only when a pair's
     clocks disagree: an offset was applied or requests still lie outside."""
     return [
         {

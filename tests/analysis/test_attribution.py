@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
-from ttft.analysis.sweep import SweepSpan, attribute_request, covered_and_raw
+from ttft.analysis.reference import ReferenceSpan, attribute_request, covered_and_raw
 from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES, ROOT_ONLY_STAGE
 
 CLIENT = {"clock": "client", "service": "loadgen"}
@@ -229,7 +229,7 @@ def random_requests(seed: int, n_requests: int):
 
 
 def sweep_view(spans, events, boundary):
-    """Window, root and SweepSpans of one request for a boundary, from the generator."""
+    """Window, root and ReferenceSpans of one request for a boundary, from the generator."""
     by_id = {sp[0]: sp for sp in spans}
     server = next(sp for sp in spans if sp[1] == "server")
     client = next(sp for sp in spans if sp[1] == "client")
@@ -263,7 +263,7 @@ def sweep_view(spans, events, boundary):
             p = by_id[p][4]
         cut = (server[2], fb) if boundary == "client" and not sp[5] else None
         parent = -1 if p is None or index[p] == root else index[p]
-        out.append(SweepSpan(sp[2], sp[3], sp[1], sp[6], format(sp[0], "016x"), parent, cut))
+        out.append(ReferenceSpan(sp[2], sp[3], sp[1], sp[6], format(sp[0], "016x"), parent, cut))
     return a, b, root, out
 
 

@@ -10,6 +10,7 @@ from _build import row, table, tid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ttft.analysis.assemble import assemble
 from ttft.analysis.blame import COLUMNS, KINDS, SUMMARY_COLUMNS, WAITS, blame, blame_summary
 from ttft.collectors.synthetic import generate
 
@@ -48,7 +49,7 @@ def test_queue_split_by_batch_composition():
     ]
     # [10,40) prefill 30; [50,90) decode 40; [95,100): floor(5*30/40) = 3 prefill, 2 decode;
     # uncovered [0,10) + [40,50) + [90,95) = 25 idle.
-    assert records(blame(table(rows))) == [
+    assert records(blame(assemble(table(rows)))) == [
         expect(1, "queue", prefill=33, decode=42, idle=25, request_id="r1")
     ]
 
@@ -65,7 +66,7 @@ def test_gap_between_chunks_subtracts_own_tokens():
     ]
     # Gap [150, 300): [150,180) unknown 30, [190,250) decode 60, [280,300) decode 20,
     # [180,190) + [250,280) idle 40.
-    assert records(blame(table(rows))) == [
+    assert records(blame(assemble(table(rows)))) == [
         expect(1, "between_chunks", decode=80, unknown=30, idle=40, condition="cold")
     ]
 
@@ -81,7 +82,9 @@ def test_own_tokens_subtracted_in_interior_steps():
         step(3, 70, 90, step_id=3, prefill_tokens=0, decode_tokens=1),
     ]
     # step 2: other prefill 32 vs decode 16 over 20 ns → floor(20*32/48) = 13 prefill.
-    assert records(blame(table(rows))) == [expect(1, "queue", prefill=13, decode=40 + 7, idle=40)]
+    assert records(blame(assemble(table(rows)))) == [
+        expect(1, "queue", prefill=13, decode=40 + 7, idle=40)
+    ]
 
 
 def test_several_gaps_and_queues_are_summed_per_wait():
@@ -96,10 +99,35 @@ def test_several_gaps_and_queues_are_summed_per_wait():
         step(1, 50, 60, step_id=9, prefill_tokens=0, decode_tokens=2),
         row(2, 1, "queue", 0, 5),  # no request_id, no condition: None in both
     ]
-    assert records(blame(table(rows))) == [
+    assert records(blame(assemble(table(rows)))) == [
         expect(1, "queue", idle=20, request_id="r1", condition="prefix_hit"),
         expect(1, "between_chunks", decode=10, idle=15, request_id="r1", condition="prefix_hit"),
         expect(2, "queue", idle=5),
+    ]
+
+
+def test_traces_sharing_a_request_id_are_one_request():
+    # Trace context was lost between the queue (trace 1) and the chunks (trace 2): one
+    # request, as attribution counts it. Per trace, the queue would be a request of
+    # unknown condition and step 1 (trace 2's chunk) other requests' prefill.
+    rows = [
+        row(1, 1, "queue", 0, 100, request_id="r1"),
+        row(2, 1, "prefill.chunk", 100, 110, request_id="r1", step_id=1, chunk_tokens=8,
+            cached_tokens=0),
+        row(2, 2, "prefill.chunk", 200, 210, request_id="r1", step_id=3, chunk_tokens=8),
+        step(1, 95, 110, step_id=1, prefill_tokens=8, decode_tokens=0),  # own tokens only
+        step(2, 120, 180, step_id=2, prefill_tokens=0, decode_tokens=2),
+        step(3, 195, 210, step_id=3, prefill_tokens=8, decode_tokens=2),
+    ]  # fmt: skip
+    # Queue [0,100): [95,100) unknown 5, idle 95. Gap [110,200): [120,180) decode 60,
+    # [195,200) decode 5 (own prefill off step 3), idle 25.
+    asm = assemble(table(rows))
+    assert records(blame(asm)) == [
+        expect(1, "queue", unknown=5, idle=95, request_id="r1", condition="cold"),
+        expect(1, "between_chunks", decode=65, idle=25, request_id="r1", condition="cold"),
+    ]
+    assert asm.requests[["trace_id", "request_id", "condition"]].values.tolist() == [
+        [tid(1), "r1", "cold"]
     ]
 
 
@@ -109,7 +137,7 @@ def test_steps_of_another_service_or_clock_are_ignored():
         step(1, 0, 50, step_id=1, prefill_tokens=10, decode_tokens=0, service="other"),
         step(2, 50, 100, step_id=2, prefill_tokens=10, decode_tokens=0, clock="host:b"),
     ]
-    assert records(blame(table(rows))) == [expect(1, "queue", idle=100)]
+    assert records(blame(assemble(table(rows)))) == [expect(1, "queue", idle=100)]
 
 
 def test_missing_or_malformed_attributes_are_unknown():
@@ -125,7 +153,7 @@ def test_missing_or_malformed_attributes_are_unknown():
     ]
     rows[-2]["attributes"] = "not json {"
     rows[-1]["attributes"] = None
-    assert records(blame(table(rows))) == [expect(1, "queue", unknown=70, idle=30)]
+    assert records(blame(assemble(table(rows)))) == [expect(1, "queue", unknown=70, idle=30)]
 
 
 def test_own_chunk_without_chunk_tokens_makes_its_step_unknown():
@@ -135,7 +163,7 @@ def test_own_chunk_without_chunk_tokens_makes_its_step_unknown():
         step(1, 0, 20, step_id=1, prefill_tokens=8, decode_tokens=8),
         step(2, 25, 40, step_id=2, prefill_tokens=4, decode_tokens=1),
     ]
-    assert records(blame(table(rows))) == [
+    assert records(blame(assemble(table(rows)))) == [
         expect(1, "between_chunks", decode=5, unknown=10, idle=5)
     ]
 
@@ -148,12 +176,14 @@ def test_overlapping_steps_never_count_twice():
         step(3, 70, 75, prefill_tokens=4, decode_tokens=0),  # same start as the next
         step(4, 70, 90, prefill_tokens=0, decode_tokens=1),
     ]
-    assert records(blame(table(rows))) == [expect(1, "queue", prefill=40, decode=20 + 20, idle=20)]
+    assert records(blame(assemble(table(rows)))) == [
+        expect(1, "queue", prefill=40, decode=20 + 20, idle=20)
+    ]
 
 
 def test_no_waits_or_no_rows_give_the_columns():
     for rows in ([], [row(1, 1, "queue", 5, 5), row(1, 2, "prefill.chunk", 5, 9)]):
-        df = blame(table(rows))
+        df = blame(assemble(table(rows)))
         assert list(df.columns) == list(COLUMNS) and len(df) == 0
 
 
@@ -201,7 +231,7 @@ def test_parts_sum_to_the_wait_and_match_a_step_by_step_split(steps, waits, rnd)
             attrs = {"chunk_tokens": tokens} if tokens >= 0 else {}
             rows.append(row(t + 1, 2, "prefill.chunk", 5000, 5001, step_id=claim, **attrs))
     rnd.shuffle(rows)
-    df = blame(table(rows))
+    df = blame(assemble(table(rows)))
     assert len(df) == len(waits)
     parts = df[[f"{k}_ns" for k in KINDS]].to_numpy()
     assert (parts >= 0).all()
@@ -223,7 +253,7 @@ def test_synthetic_trace_gaps_hold_a_neighbours_decode():
         for t, a in zip(chunks["trace_id"], chunks["attributes"], strict=True)
         if json.loads(a)["step_id"] == 0
     }
-    df = blame(generate(300, seed=1).table)
+    df = blame(assemble(generate(300, seed=1).table))
     parts = df[[f"{k}_ns" for k in KINDS]].to_numpy()
     assert (parts >= 0).all() and (parts.sum(axis=1) == df["wait_ns"].to_numpy()).all()
     assert set(df["wait"]) <= set(WAITS)
@@ -270,12 +300,12 @@ def test_summary_means_and_shares_per_condition():
 
 
 def test_summary_of_nothing_has_the_columns():
-    out = blame_summary(blame(table([])))
+    out = blame_summary(blame(assemble(table([]))))
     assert list(out.columns) == list(SUMMARY_COLUMNS) and len(out) == 0
 
 
 def test_summary_of_blame_keeps_the_sums():
-    out = blame_summary(blame(generate(200, seed=3).table))
+    out = blame_summary(blame(assemble(generate(200, seed=3).table)))
     assert list(out["condition"].unique()) == ["all", "cold", "prefix_hit"]
     shares = out[[f"share_{k}" for k in KINDS]].sum(axis=1).to_numpy()
     means = out[[f"{k}_ms_mean" for k in KINDS]].sum(axis=1).to_numpy()

@@ -22,7 +22,7 @@ from ttft.analysis.clocks import (
     apply_offsets,
     estimate_offsets,
 )
-from ttft.analysis.summary import summarize
+from ttft.analysis.summary import Summary, summarize
 from ttft.collectors.synthetic import HOST_CLOCK, generate
 from ttft.reports.terminal import render_analysis
 from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES
@@ -69,7 +69,7 @@ def test_one_host_trace_gets_offset_zero_and_unchanged_attribution(synth):
     assert apply_offsets(synth, estimate_offsets(synth)) is synth
     asm = assemble(synth)
     assert [c.offset_ns for c in asm.quality.clocks] == [0]
-    summary = summarize(attribute(asm), asm)
+    summary = summarize(attribute(asm), asm).to_dict()
     assert "clocks" not in summary  # nothing to report: the clocks agree
 
 
@@ -96,7 +96,7 @@ def test_attribution_of_a_shifted_trace_equals_the_unshifted_one(synth, delta_ns
 def test_summary_and_terminal_report_the_offset(synth):
     moved = shifted(synth, -250 * MS)
     asm = assemble(moved)
-    summary = summarize(attribute(asm), asm)
+    summary = summarize(attribute(asm), asm).to_dict()
     assert list(summary)[-2:] == ["quality", "clocks"]
     assert summary["clocks"] == [
         {
@@ -116,7 +116,7 @@ def test_summary_and_terminal_report_the_offset(synth):
 
 def rendered(summary: dict) -> str:
     out = io.StringIO()
-    render_analysis(summary, Console(file=out, width=250, color_system=None))
+    render_analysis(Summary(**summary), Console(file=out, width=250, color_system=None))
     return out.getvalue()
 
 
@@ -240,7 +240,7 @@ def test_a_minority_outside_on_one_host_changes_nothing():
     tab = table(requests_with(delays, 0))
     (offset,) = estimate_offsets(tab)
     assert (offset.offset_ns, offset.violations_before, offset.violations_after) == (0, 5, 5)
-    summary = summarize(attribute(assemble(tab)), assemble(tab))
+    summary = summarize(attribute(assemble(tab)), assemble(tab)).to_dict()
     assert summary["clocks"][0]["violations_after"] == 5  # reported: something is off
     assert "clocks: host:b → client not adjusted" in rendered(summary)
 

@@ -19,6 +19,8 @@ import json
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +34,7 @@ from typer.testing import CliRunner
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
 from ttft.analysis.summary import summarize
-from ttft.collectors.store import TraceFileError, read_trace, write_trace
+from ttft.collectors import TraceFileError, read_spans, write_trace
 from ttft.collectors.synthetic import generate
 from ttft.reports.cli import app
 from ttft.tracer.schema import (
@@ -150,6 +152,116 @@ corrupted = st.tuples(
 """A recipe ``(requests, seed, corruptions, shuffle seed)``; `apply` makes the rows."""
 
 
+def _at(rows: list[dict], pick: int) -> dict:
+    return rows[pick % len(rows)]
+
+
+def _drop(rows: list[dict], picks: list[int], done: dict) -> None:
+    gone = {p % len(rows) for p in picks[: max(1, len(rows) // 4)]}
+    rows[:] = [r for i, r in enumerate(rows) if i not in gone]
+
+
+def _skew(rows: list[dict], skew_ns: int, done: dict) -> None:
+    done["skew_ns"] = skew_ns
+    for r in rows:  # the server's host clock and the gpu clock mapped onto it
+        if r["clock"].startswith(("host:", "gpu:")):
+            r["start_ns"] += skew_ns
+            r["end_ns"] += skew_ns
+
+
+def _swap(rows: list[dict], picks: list[int], done: dict) -> None:
+    for p in set(picks):
+        r = _at(rows, p)
+        r["start_ns"], r["end_ns"] = r["end_ns"], r["start_ns"]
+        done["touched"].add(id(r))
+
+
+def _extreme_times(rows: list[dict], picks: list[tuple], done: dict) -> None:
+    for p, field, value in picks:
+        r = _at(rows, p)
+        for name in ("start_ns", "end_ns") if field == "both" else (field,):
+            r[name] = value
+        done["touched"].add(id(r))
+
+
+def _set(field: str, rows: list[dict], picks: list[tuple], done: dict) -> None:
+    """``field`` of each picked row takes the value paired with its pick."""
+    for p, value in picks:
+        _at(rows, p)[field] = value
+
+
+def _null(field: str, rows: list[dict], picks: list[int], done: dict) -> None:
+    for p in picks:
+        _at(rows, p)[field] = None
+
+
+def _null_times(rows: list[dict], picks: list[tuple], done: dict) -> None:
+    for p, field in picks:
+        _at(rows, p)[field] = None
+
+
+def _dangling_parent(rows: list[dict], picks: list[tuple], done: dict) -> None:
+    for p, parent in picks:
+        _at(rows, p)["parent_id"] = format(parent, "016x")
+        done["dangling"].add(id(_at(rows, p)))
+
+
+def _self_parent(rows: list[dict], picks: list[int], done: dict) -> None:
+    for p in picks:
+        _at(rows, p)["parent_id"] = _at(rows, p)["span_id"]
+
+
+def _odd_ids(rows: list[dict], picks: list[tuple], done: dict) -> None:
+    # Rename a span to an id that is not 16 characters, its children's parent ids
+    # too, so the tree stays whole and only the id form changes.
+    for p, new in picks:
+        old, trace = _at(rows, p)["span_id"], _at(rows, p)["trace_id"]
+        new = f"{new}{p}" if new == "zz-" else new
+        for r in rows:
+            if old is not None and r["trace_id"] == trace:
+                r["span_id"] = new if r["span_id"] == old else r["span_id"]
+                r["parent_id"] = new if r["parent_id"] == old else r["parent_id"]
+
+
+def _duplicate_ids(rows: list[dict], picks: list[tuple], done: dict) -> None:
+    for p, q in picks:
+        same = [r for r in rows if r["trace_id"] == _at(rows, p)["trace_id"]]
+        same[q % len(same)]["span_id"] = _at(rows, p)["span_id"]
+
+
+def _share(field: str, rows: list[dict], picks: list[tuple], done: dict) -> None:
+    # A row moves into another trace, or takes another request's id: requests merge.
+    for p, q in picks:
+        _at(rows, p)[field] = _at(rows, q)[field]
+
+
+def _duplicate_rows(rows: list[dict], picks: list[int], done: dict) -> None:
+    rows.extend(dict(_at(rows, p)) for p in picks)
+
+
+CORRUPT: dict[str, Callable[[list[dict], Any, dict], None]] = {
+    "drop": _drop,
+    "swap": _swap,
+    "duplicate_rows": _duplicate_rows,
+    "duplicate_ids": _duplicate_ids,
+    "shared_trace_id": functools.partial(_share, "trace_id"),
+    "shared_request_id": functools.partial(_share, "request_id"),
+    "skew": _skew,
+    "attributes": functools.partial(_set, "attributes"),
+    "extreme_times": _extreme_times,
+    "null_request_id": functools.partial(_null, "request_id"),
+    "dangling_parent": _dangling_parent,
+    "self_parent": _self_parent,
+    "null_times": _null_times,
+    "null_trace": functools.partial(_null, "trace_id"),
+    "null_span_id": functools.partial(_null, "span_id"),
+    "unknown_stage": functools.partial(_set, "stage"),
+    "odd_ids": _odd_ids,
+}
+"""Each corruption of `KINDS`: ``(rows, arg, done)`` changes ``rows`` in place and notes in
+``done`` what `apply` reports."""
+
+
 def apply(recipe: tuple) -> tuple[list[dict], dict]:
     """The rows of ``generate(requests, seed)`` after the recipe's corruptions, in the order
     of `KINDS`, and what was done (``skew_ns``; ``touched``/``dangling``: ids of the row
@@ -158,77 +270,8 @@ def apply(recipe: tuple) -> tuple[list[dict], dict]:
     rows = [dict(r) for r in _base_rows(n, seed)]
     done: dict = {"skew_ns": 0, "touched": set(), "dangling": set(),
                   "shuffle_seed": shuffle_seed}
-
-    def at(pick: int) -> dict:
-        return rows[pick % len(rows)]
-
     for kind, arg in ops:
-        if kind == "drop":
-            gone = {p % len(rows) for p in arg[: max(1, len(rows) // 4)]}
-            rows = [r for i, r in enumerate(rows) if i not in gone]
-        elif kind == "skew":
-            done["skew_ns"] = arg
-            for r in rows:  # the server's host clock and the gpu clock mapped onto it
-                if r["clock"].startswith(("host:", "gpu:")):
-                    r["start_ns"] += arg
-                    r["end_ns"] += arg
-        elif kind == "swap":
-            for p in set(arg):
-                r = at(p)
-                r["start_ns"], r["end_ns"] = r["end_ns"], r["start_ns"]
-                done["touched"].add(id(r))
-        elif kind == "extreme_times":
-            for p, field, value in arg:
-                r = at(p)
-                for name in ("start_ns", "end_ns") if field == "both" else (field,):
-                    r[name] = value
-                done["touched"].add(id(r))
-        elif kind == "attributes":
-            for p, value in arg:
-                at(p)["attributes"] = value
-        elif kind == "null_request_id":
-            for p in arg:
-                at(p)["request_id"] = None
-        elif kind == "dangling_parent":
-            for p, parent in arg:
-                at(p)["parent_id"] = format(parent, "016x")
-                done["dangling"].add(id(at(p)))
-        elif kind == "self_parent":
-            for p in arg:
-                at(p)["parent_id"] = at(p)["span_id"]
-        elif kind == "null_times":
-            for p, field in arg:
-                at(p)[field] = None
-        elif kind == "null_trace":
-            for p in arg:
-                at(p)["trace_id"] = None
-        elif kind == "null_span_id":
-            for p in arg:
-                at(p)["span_id"] = None
-        elif kind == "unknown_stage":
-            for p, value in arg:
-                at(p)["stage"] = value
-        elif kind == "odd_ids":
-            # Rename a span to an id that is not 16 characters, its children's parent ids
-            # too, so the tree stays whole and only the id form changes.
-            for p, new in arg:
-                old, trace = at(p)["span_id"], at(p)["trace_id"]
-                new = f"{new}{p}" if new == "zz-" else new
-                for r in rows:
-                    if old is not None and r["trace_id"] == trace:
-                        r["span_id"] = new if r["span_id"] == old else r["span_id"]
-                        r["parent_id"] = new if r["parent_id"] == old else r["parent_id"]
-        elif kind == "duplicate_ids":
-            for p, q in arg:
-                same = [r for r in rows if r["trace_id"] == at(p)["trace_id"]]
-                same[q % len(same)]["span_id"] = at(p)["span_id"]
-        elif kind in ("shared_trace_id", "shared_request_id"):
-            # A row moves into another trace, or takes another request's id: requests merge.
-            name = "trace_id" if kind == "shared_trace_id" else "request_id"
-            for p, q in arg:
-                at(p)[name] = at(q)[name]
-        elif kind == "duplicate_rows":
-            rows.extend(dict(at(p)) for p in arg)
+        CORRUPT[kind](rows, arg, done)
     return rows, done
 
 
@@ -396,7 +439,7 @@ def check(rows: list[dict], done: dict) -> None:
             assert got - want["unsure"] == want["windows"][boundary] - want["unsure"], boundary
             again = attribute(shuffled, boundary, policy)
             assert _by_request(again) == _by_request(attr), (boundary, policy)
-        summary = summarize(attr, asm)  # the last policy's; the clocks are the trace's
+        summary = summarize(attr, asm).to_dict()  # the last policy's; clocks: the trace's
         json.dumps(summary)  # what --json prints serializes
         assert summary["requests"] == len(got)
         assert summary["quality"] == attr.quality.counts
@@ -445,7 +488,7 @@ def test_truncated_files_raise_trace_file_error_and_analyze_exits_2(examples, tm
         cut = int(fraction * len(data))
         path.write_bytes(data[:cut])
         with pytest.raises(TraceFileError) as caught:
-            read_trace(path)
+            read_spans(path)
         assert str(path) in str(caught.value)
         result = runner.invoke(app, ["analyze", str(path)])
         assert result.exit_code == 2, result.output
@@ -465,7 +508,7 @@ def test_truncated_part_in_a_directory_is_a_clean_error_from_a_fresh_process(tmp
     broken = parts / "part-000001.parquet"
     broken.write_bytes(broken.read_bytes()[:-37])
     with pytest.raises(TraceFileError, match="part-000001"):
-        read_trace(parts)
+        read_spans(parts)
     done = subprocess.run(
         [sys.executable, "-m", "ttft.reports.cli", "analyze", str(parts)],
         capture_output=True, text=True, timeout=120,
@@ -510,7 +553,7 @@ def _retyped_column(table: pa.Table, name: str, to: pa.DataType) -> pa.Array:
 
 @pytest.mark.parametrize("examples", FILE_SIZES)
 def test_files_with_a_wrongly_typed_column_are_read_or_refused_cleanly(examples, tmp_path):
-    """Parquet written by someone else with a column of the wrong type: ``read_trace``
+    """Parquet written by someone else with a column of the wrong type: ``read_spans``
     either casts it to the span schema (then analysis runs and keeps its invariants) or
     raises ``TraceFileError`` naming the file and column; ``ttft analyze`` exits 0 or 2."""
     choices = [(name, to) for name, types in RETYPED.items() for to in types]
@@ -529,7 +572,7 @@ def test_files_with_a_wrongly_typed_column_are_read_or_refused_cleanly(examples,
             table.replace_schema_metadata({METADATA_KEY: b'{"schema_version": 1}'}), path
         )
         try:
-            read = read_trace(path)
+            read = read_spans(path)
         except TraceFileError as exc:
             assert exc.path == str(path) and exc.field == name, exc
             result = runner.invoke(app, ["analyze", str(path)])
@@ -634,7 +677,7 @@ def test_a_huge_skew_is_reported_and_never_moves_times_out_of_int64():
     assert pair.requests == 12 and pair.violations_before == 12
     assert not pair.applied  # the remedy would leave int64: reported, not applied
     attr = attribute(asm, "client")
-    assert "clocks" in summarize(attr, asm)
+    assert "clocks" in summarize(attr, asm).to_dict()
     assert (attr.attributed.to_numpy().sum(axis=1) == attr.requests["ttft_ns"]).all()
 
 
@@ -646,7 +689,7 @@ FLIP_SIZES = [
 
 @pytest.mark.parametrize("stride", FLIP_SIZES)
 def test_every_changed_byte_is_read_or_refused_cleanly(stride, tmp_path):
-    """Every ``stride``-th byte of a small trace file set to 0xFF in turn: ``read_trace``
+    """Every ``stride``-th byte of a small trace file set to 0xFF in turn: ``read_spans``
     refuses the file with ``TraceFileError`` or returns a table that analysis takes
     without an error."""
     path = tmp_path / "trace.parquet"
@@ -658,7 +701,7 @@ def test_every_changed_byte_is_read_or_refused_cleanly(stride, tmp_path):
             continue
         path.write_bytes(data[:at] + b"\xff" + data[at + 1 :])
         try:
-            table = read_trace(path)
+            table = read_spans(path)
         except TraceFileError:
             outcomes["refused"] += 1
             continue

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from _build import row, table, tid
 
+from ttft.analysis.assemble import assemble
 from ttft.analysis.prefill import (
     POINT_COLUMNS,
     QuadraticFit,
@@ -63,7 +64,7 @@ def assert_recovers(fit: QuadraticFit, abc, mean_ns: float) -> None:
 
 def test_fit_recovers_a_noisy_quadratic():
     rows = requests(np.random.default_rng(7), 200, COLD, 0, 1)
-    points = prefill_points(table(rows))
+    points = prefill_points(assemble(table(rows)))
     assert len(points) == 200 and set(points["condition"]) == {"cold"}
     fit = fit_quadratic(points["computed_tokens"].to_numpy(), points["compute_ns"].to_numpy())
     assert fit is not None and fit.points == 200
@@ -73,7 +74,7 @@ def test_fit_recovers_a_noisy_quadratic():
 def test_fits_per_condition_recover_different_quadratics():
     rng = np.random.default_rng(11)
     rows = requests(rng, 200, COLD, 0, 1) + requests(rng, 200, HIT, 256, 1001)
-    points = prefill_points(table(rows))
+    points = prefill_points(assemble(table(rows)))
     fits = prefill_fits(points)
     assert list(fits) == ["cold", "prefix_hit"]
     assert fits["cold"].points == 200 and fits["prefix_hit"].points == 200
@@ -99,7 +100,7 @@ def test_fewer_than_three_distinct_token_counts_give_none():
     assert fit_quadratic(np.array([]), np.array([])) is None
     with pytest.raises(ValueError):
         fit_quadratic(np.array([1, 2, 3]), np.array([1.0, 2.0]))
-    points = prefill_points(table(requests(np.random.default_rng(1), 2, COLD, 0, 1)))
+    points = prefill_points(assemble(table(requests(np.random.default_rng(1), 2, COLD, 0, 1))))
     assert prefill_fits(points) == {}
 
 
@@ -112,7 +113,7 @@ def test_compute_time_is_the_chunks_not_the_envelope():
         row(2, 1, "prefill", 0, 500, cached_tokens=0),
         row(2, 2, "prefill.chunk", 0, 500, parent=1, chunk_tokens=8),
     ]
-    points = prefill_points(table(rows))
+    points = prefill_points(assemble(table(rows)))
     assert points.to_dict("records") == [
         {
             "trace_id": tid(1),
@@ -135,6 +136,26 @@ def test_compute_time_is_the_chunks_not_the_envelope():
     ]
 
 
+def test_traces_sharing_a_request_id_are_one_point():
+    rows = [
+        row(1, 1, "server", 0, 1_000, cached_tokens=16, request_id="r1"),
+        row(2, 1, "prefill.chunk", 0, 100, chunk_tokens=32, cached_tokens=16, request_id="r1"),
+        row(3, 1, "prefill.chunk", 200, 250, chunk_tokens=16, request_id="r1"),
+        row(4, 1, "prefill.chunk", 50, 40, chunk_tokens=4),  # end before start: no chunk
+    ]
+    assert prefill_points(assemble(table(rows))).to_dict("records") == [
+        {
+            "trace_id": tid(1),
+            "request_id": "r1",
+            "condition": "prefix_hit",
+            "computed_tokens": 48,
+            "cached_tokens": 16,
+            "chunks": 2,
+            "compute_ns": 150,
+        }
+    ]
+
+
 def test_requests_without_chunk_tokens_are_dropped():
     rows = [
         row(1, 1, "prefill.chunk", 0, 10, chunk_tokens=4),
@@ -145,14 +166,14 @@ def test_requests_without_chunk_tokens_are_dropped():
     ]
     rows[-2]["attributes"] = "{broken"
     rows.append(row(5, 1, "prefill.chunk", 0, 10, chunk_tokens=2))
-    points = prefill_points(table(rows))
+    points = prefill_points(assemble(table(rows)))
     assert list(points["trace_id"]) == [tid(5)]
     assert points["condition"].tolist() == [None] and points["cached_tokens"].tolist() == [0]
 
 
 def test_empty_input_gives_the_columns():
     for rows in ([], [row(1, 1, "queue", 0, 10)]):
-        points = prefill_points(table(rows))
+        points = prefill_points(assemble(table(rows)))
         assert list(points.columns) == list(POINT_COLUMNS) and len(points) == 0
         assert prefill_fits(points) == {}
     assert prefill_fits(pd.DataFrame(columns=list(POINT_COLUMNS))) == {}

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from _build import event, row, table, tid
 
+from ttft.analysis.assemble import assemble
 from ttft.analysis.regime import (
     FRAME_COLUMNS,
     KNOWN_GPUS,
@@ -94,7 +95,7 @@ def chunk_table(durations_ns: list[int]) -> tuple:
 
 def test_regime_frame_is_exact_for_made_up_durations():
     peaks = Peaks(flops_per_s=1e5, bytes_per_s=1e4, device="made-up", source="flags")
-    frame = regime(chunk_table([1000, 2000, 0]), HAND, peaks)
+    frame = regime(assemble(chunk_table([1000, 2000, 0])), HAND, peaks)
     assert list(frame.columns) == list(FRAME_COLUMNS)
     assert frame["trace_id"].tolist() == [tid(1), tid(1), tid(2)]
     assert frame["condition"].tolist() == ["cold", "cold", "prefix_hit"]
@@ -115,19 +116,32 @@ def test_regime_frame_is_exact_for_made_up_durations():
 
 
 def test_regime_without_peaks_or_chunks():
-    frame = regime(chunk_table([1000, 2000, 3000]), HAND, None)
+    frame = regime(assemble(chunk_table([1000, 2000, 3000])), HAND, None)
     assert frame["bound"].tolist() == [None] * 3
     assert frame[["ridge", "attainable_flops_per_s", "roofline_fraction"]].isna().all().all()
     assert frame["achieved_flops_per_s"].notna().all()
-    empty = regime(table([row(1, 1, "step", 0, 5)]), HAND, H100)
+    empty = regime(assemble(table([row(1, 1, "step", 0, 5)])), HAND, H100)
     assert empty.empty and list(empty.columns) == list(FRAME_COLUMNS)
     assert regime_summary(empty).empty
+
+
+def test_regime_names_chunks_by_their_request():
+    rows = [
+        row(1, 1, "server", 0, 10**6, cached_tokens=8, request_id="r1"),
+        row(2, 1, "prefill.chunk", 0, 1000, chunk_tokens=4, cached_tokens=8, request_id="r1"),
+        row(3, 1, "prefill.chunk", 2000, 3000, chunk_tokens=4, context_tokens=16,
+            request_id="r1"),
+    ]  # fmt: skip
+    frame = regime(assemble(table(rows)), HAND, None)
+    assert frame["trace_id"].tolist() == [tid(1), tid(1)]  # the request's smallest trace id
+    assert frame["condition"].tolist() == ["prefix_hit", "prefix_hit"]
+    assert frame["context_before"].tolist() == [8, 12]
 
 
 def test_summary_per_condition_and_bucket():
     big = ModelShape.from_dict(dataclasses.asdict(ModelConfig.preset("small")), dtype="float32")
     peaks = Peaks(1e11, 1e10, "cpu", "measured")
-    frame = regime(chunk_table([1000, 2000, 3000]), big, peaks)
+    frame = regime(assemble(chunk_table([1000, 2000, 3000])), big, peaks)
     summary = regime_summary(frame)
     assert list(summary.columns) == list(SUMMARY_COLUMNS)
     keys = list(zip(summary["condition"], summary["chunk_bucket"], strict=True))

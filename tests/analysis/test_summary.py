@@ -48,7 +48,7 @@ def summary():
         + request(3, 18, 64, [20, 21, 22])  # prefix hit
     )
     asm = assemble(table(rows))
-    return summarize(attribute(asm, "client", "exclusive"), asm, trace="t.parquet")
+    return summarize(attribute(asm, "client", "exclusive"), asm, trace="t.parquet").to_dict()
 
 
 def test_overall_stage_figures(summary):

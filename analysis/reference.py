@@ -21,8 +21,8 @@ _UNATTRIBUTED = "unattributed"
 
 
 @dataclass(frozen=True)
-class SweepSpan:
-    """One span of a request, as the sweep sees it.
+class ReferenceSpan:
+    """One span of a request, as the reference sees it.
 
     Attributes:
         start_ns: start before any clipping; the exclusive key uses this value.
@@ -53,7 +53,7 @@ class SweepSpan:
 
 
 def attribute_request(
-    spans: Sequence[SweepSpan],
+    spans: Sequence[ReferenceSpan],
     a_ns: int,
     b_ns: int,
     *,
@@ -101,7 +101,7 @@ def attribute_request(
 
 
 def covered_and_raw(
-    spans: Sequence[SweepSpan], a_ns: int, b_ns: int, root: int | None = None
+    spans: Sequence[ReferenceSpan], a_ns: int, b_ns: int, root: int | None = None
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Per stage: the union length and the summed length of the spans clipped to the window.
 
@@ -139,7 +139,7 @@ def covered_and_raw(
 # --- taking part -------------------------------------------------------------------------
 
 
-def _check(spans: Sequence[SweepSpan], root: int | None) -> None:
+def _check(spans: Sequence[ReferenceSpan], root: int | None) -> None:
     """Reject indices and stages the sweep cannot interpret."""
     n = len(spans)
     if root is not None and not 0 <= root < n:
@@ -161,7 +161,7 @@ def _check(spans: Sequence[SweepSpan], root: int | None) -> None:
 
 
 def _clip_to_window(
-    spans: Sequence[SweepSpan], a_ns: int, b_ns: int, root: int | None
+    spans: Sequence[ReferenceSpan], a_ns: int, b_ns: int, root: int | None
 ) -> tuple[dict[int, tuple[int, int]], tuple[int, int] | None]:
     """Clip to ``[a, b)``: non-root spans that keep a positive length, and the root's interval."""
     intervals: dict[int, tuple[int, int]] = {}
@@ -178,7 +178,7 @@ def _clip_to_window(
 
 
 def _nearest_taking_part(
-    spans: Sequence[SweepSpan], i: int, intervals: dict[int, tuple[int, int]], root: int | None
+    spans: Sequence[ReferenceSpan], i: int, intervals: dict[int, tuple[int, int]], root: int | None
 ) -> int:
     """The nearest ancestor of span ``i`` that takes part, or ``_ROOT``."""
     p = spans[i].parent
@@ -187,7 +187,7 @@ def _nearest_taking_part(
     return _ROOT if p == root else p
 
 
-def _key(span: SweepSpan) -> tuple[int, int, int, str, str]:
+def _key(span: ReferenceSpan) -> tuple[int, int, int, str, str]:
     """The exclusive order, larger wins: priority, depth, unclipped start, span_id.
 
     The stage name is a last resort so that duplicate span ids (a data-quality defect)
@@ -224,7 +224,7 @@ def _add(parts: dict[str, int], stage: str, ns: int) -> None:
 
 
 def _exclusive(
-    spans: Sequence[SweepSpan],
+    spans: Sequence[ReferenceSpan],
     intervals: dict[int, tuple[int, int]],
     root_interval: tuple[int, int] | None,
     a_ns: int,
@@ -244,7 +244,7 @@ def _exclusive(
 
 
 def _shared(
-    spans: Sequence[SweepSpan],
+    spans: Sequence[ReferenceSpan],
     intervals: dict[int, tuple[int, int]],
     parents: dict[int, int],
     root_interval: tuple[int, int] | None,
@@ -275,7 +275,7 @@ def _shared(
 
 
 def _critical_path(
-    spans: Sequence[SweepSpan],
+    spans: Sequence[ReferenceSpan],
     intervals: dict[int, tuple[int, int]],
     parents: dict[int, int],
     a_ns: int,

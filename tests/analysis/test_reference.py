@@ -6,7 +6,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ttft.analysis.sweep import SweepSpan, attribute_request, covered_and_raw
+from ttft.analysis.reference import ReferenceSpan as RefSpan
+from ttft.analysis.reference import attribute_request, covered_and_raw
 from ttft.tracer.schema import POLICIES, PRIORITY, ROOT_ONLY_STAGE
 
 
@@ -29,10 +30,10 @@ def attribute_all(spans, a_ns, b_ns, *, root, root_stage):
 def test_nested_spans():
     # server [0,20) > prefill [2,18) > prefill.chunk [4,10), [12,16)
     spans = [
-        SweepSpan(0, 20, "server", 0, sid(1)),
-        SweepSpan(2, 18, "prefill", 1, sid(2), parent=0),
-        SweepSpan(4, 10, "prefill.chunk", 2, sid(3), parent=1),
-        SweepSpan(12, 16, "prefill.chunk", 2, sid(4), parent=1),
+        RefSpan(0, 20, "server", 0, sid(1)),
+        RefSpan(2, 18, "prefill", 1, sid(2), parent=0),
+        RefSpan(4, 10, "prefill.chunk", 2, sid(3), parent=1),
+        RefSpan(12, 16, "prefill.chunk", 2, sid(4), parent=1),
     ]
     expected = {"server": 4, "prefill": 6, "prefill.chunk": 10}
     assert attribute_all(spans, 0, 20, root=0, root_stage="server") == {
@@ -42,18 +43,18 @@ def test_nested_spans():
     }
 
 
-def _gpu_outlasting_chunk() -> list[SweepSpan]:
+def _gpu_outlasting_chunk() -> list[RefSpan]:
     """Server window [0,32): the gpu span [10,24) outlasts its chunk [8,20) into sample."""
     return [
-        SweepSpan(0, 40, "server", 0, sid(1)),
-        SweepSpan(0, 4, "tokenize", 1, sid(2)),
-        SweepSpan(4, 8, "queue", 1, sid(3)),
-        SweepSpan(8, 20, "prefill", 1, sid(4)),
-        SweepSpan(8, 20, "prefill.chunk", 2, sid(5), parent=3),
-        SweepSpan(10, 24, "gpu", 3, sid(6), parent=4),
-        SweepSpan(20, 26, "sample", 1, sid(7)),
-        SweepSpan(26, 28, "detokenize", 1, sid(8)),
-        SweepSpan(28, 30, "stream", 1, sid(9)),
+        RefSpan(0, 40, "server", 0, sid(1)),
+        RefSpan(0, 4, "tokenize", 1, sid(2)),
+        RefSpan(4, 8, "queue", 1, sid(3)),
+        RefSpan(8, 20, "prefill", 1, sid(4)),
+        RefSpan(8, 20, "prefill.chunk", 2, sid(5), parent=3),
+        RefSpan(10, 24, "gpu", 3, sid(6), parent=4),
+        RefSpan(20, 26, "sample", 1, sid(7)),
+        RefSpan(26, 28, "detokenize", 1, sid(8)),
+        RefSpan(28, 30, "stream", 1, sid(9)),
     ]
 
 
@@ -87,18 +88,18 @@ def test_gpu_outlasting_its_chunk_covered_and_raw():
 
 def test_covered_and_raw_overlapping_spans_of_one_stage():
     spans = [
-        SweepSpan(0, 10, "gpu", 1, sid(1)),
-        SweepSpan(5, 15, "gpu", 1, sid(2)),
-        SweepSpan(20, 30, "gpu", 1, sid(3)),
-        SweepSpan(30, 31, "queue", 1, sid(4)),  # zero length once clipped
+        RefSpan(0, 10, "gpu", 1, sid(1)),
+        RefSpan(5, 15, "gpu", 1, sid(2)),
+        RefSpan(20, 30, "gpu", 1, sid(3)),
+        RefSpan(30, 31, "queue", 1, sid(4)),  # zero length once clipped
     ]
     assert covered_and_raw(spans, 0, 25) == ({"gpu": 20}, {"gpu": 10 + 10 + 5})
 
 
 def test_uncovered_gap_is_unattributed_under_the_virtual_root():
     spans = [
-        SweepSpan(0, 4, "tokenize", 1, sid(1)),
-        SweepSpan(6, 10, "queue", 1, sid(2)),
+        RefSpan(0, 4, "tokenize", 1, sid(1)),
+        RefSpan(6, 10, "queue", 1, sid(2)),
     ]
     expected = {"tokenize": 4, "unattributed": 2, "queue": 4}
     assert attribute_all(spans, 0, 10, root=None, root_stage="unattributed") == {
@@ -110,8 +111,8 @@ def test_uncovered_gap_is_unattributed_under_the_virtual_root():
 
 def test_root_only_time_goes_to_the_root_stage():
     spans = [
-        SweepSpan(0, 10, "server", 0, sid(1)),
-        SweepSpan(2, 5, "tokenize", 1, sid(2), parent=0),
+        RefSpan(0, 10, "server", 0, sid(1)),
+        RefSpan(2, 5, "tokenize", 1, sid(2), parent=0),
     ]
     expected = {"server": 7, "tokenize": 3}
     assert attribute_all(spans, 0, 10, root=0, root_stage="server") == {
@@ -124,7 +125,7 @@ def test_root_only_time_goes_to_the_root_stage():
 def test_root_not_covering_the_window_end():
     # The root ends at 8 inside [0,10): the root defines the window, so every policy
     # treats it as covering all of [0, 10).
-    spans = [SweepSpan(0, 8, "server", 0, sid(1)), SweepSpan(2, 5, "queue", 1, sid(2))]
+    spans = [RefSpan(0, 8, "server", 0, sid(1)), RefSpan(2, 5, "queue", 1, sid(2))]
     assert attribute_all(spans, 0, 10, root=0, root_stage="server") == {
         "exclusive": {"server": 7, "queue": 3},
         "shared": {"server": 7, "queue": 3},
@@ -136,13 +137,13 @@ def test_root_not_covering_the_window_end():
 def test_client_window_around_the_server_window_is_network():
     # Client window [0,90); the server span is already clipped to its own window [15,80).
     spans = [
-        SweepSpan(0, 100, "client", 0, sid(1)),
-        SweepSpan(0, 10, "connect", 1, sid(2)),
-        SweepSpan(15, 80, "server", 1, sid(3)),
-        SweepSpan(15, 20, "tokenize", 2, sid(4), parent=2),
-        SweepSpan(20, 30, "queue", 2, sid(5), parent=2),
-        SweepSpan(30, 70, "prefill.chunk", 2, sid(6), parent=2),
-        SweepSpan(70, 78, "stream", 2, sid(7), parent=2),
+        RefSpan(0, 100, "client", 0, sid(1)),
+        RefSpan(0, 10, "connect", 1, sid(2)),
+        RefSpan(15, 80, "server", 1, sid(3)),
+        RefSpan(15, 20, "tokenize", 2, sid(4), parent=2),
+        RefSpan(20, 30, "queue", 2, sid(5), parent=2),
+        RefSpan(30, 70, "prefill.chunk", 2, sid(6), parent=2),
+        RefSpan(70, 78, "stream", 2, sid(7), parent=2),
     ]
     expected = {
         "connect": 10,
@@ -163,9 +164,9 @@ def test_client_window_around_the_server_window_is_network():
 def test_shared_remainder_goes_to_the_highest_keys_first():
     # One segment of 10 ns, three leaves: 10 = 4 + 3 + 3, the 4 to gpu (highest priority).
     spans = [
-        SweepSpan(0, 10, "stream", 1, sid(1)),
-        SweepSpan(0, 10, "gpu", 1, sid(2)),
-        SweepSpan(0, 10, "sample", 1, sid(3)),
+        RefSpan(0, 10, "stream", 1, sid(1)),
+        RefSpan(0, 10, "gpu", 1, sid(2)),
+        RefSpan(0, 10, "sample", 1, sid(3)),
     ]
     assert attribute_request(
         spans, 0, 10, root=None, root_stage="unattributed", policy="shared"
@@ -174,22 +175,22 @@ def test_shared_remainder_goes_to_the_highest_keys_first():
 
 def test_shared_remainder_follows_depth_start_and_span_id():
     # 11 ns over five leaves: 3 + 2 + 2 + 2 + 2. Priority ties broken by depth.
-    deeper = [SweepSpan(0, 11, "tokenize", 1, sid(9)), SweepSpan(0, 11, "detokenize", 2, sid(1))]
+    deeper = [RefSpan(0, 11, "tokenize", 1, sid(9)), RefSpan(0, 11, "detokenize", 2, sid(1))]
     deeper += [
-        SweepSpan(0, 11, s, 1, sid(20 + k)) for k, s in enumerate(("queue", "other", "stream"))
+        RefSpan(0, 11, s, 1, sid(20 + k)) for k, s in enumerate(("queue", "other", "stream"))
     ]
     assert attribute_request(
         deeper, 0, 11, root=None, root_stage="unattributed", policy="shared"
     ) == {"detokenize": 3, "tokenize": 2, "queue": 2, "other": 2, "stream": 2}
     # 5 ns over two leaves with equal priority and depth: the later start gets the 3.
-    later = [SweepSpan(-1, 5, "detokenize", 1, sid(9)), SweepSpan(0, 5, "tokenize", 1, sid(1))]
+    later = [RefSpan(-1, 5, "detokenize", 1, sid(9)), RefSpan(0, 5, "tokenize", 1, sid(1))]
     assert attribute_request(
         later, 0, 5, root=None, root_stage="unattributed", policy="shared"
     ) == {"tokenize": 3, "detokenize": 2}
     # Equal priority, depth and start: the larger span_id gets the 3.
     by_id = [
-        SweepSpan(0, 5, "tokenize", 1, "00000000000000ff"),
-        SweepSpan(0, 5, "detokenize", 1, "0000000000000a00"),
+        RefSpan(0, 5, "tokenize", 1, "00000000000000ff"),
+        RefSpan(0, 5, "detokenize", 1, "0000000000000a00"),
     ]
     assert attribute_request(
         by_id, 0, 5, root=None, root_stage="unattributed", policy="shared"
@@ -198,9 +199,9 @@ def test_shared_remainder_follows_depth_start_and_span_id():
 
 def test_shared_does_not_give_ancestors_a_share():
     spans = [
-        SweepSpan(0, 10, "prefill", 1, sid(1)),
-        SweepSpan(0, 10, "prefill.chunk", 2, sid(2), parent=0),
-        SweepSpan(0, 10, "queue", 1, sid(3)),
+        RefSpan(0, 10, "prefill", 1, sid(1)),
+        RefSpan(0, 10, "prefill.chunk", 2, sid(2), parent=0),
+        RefSpan(0, 10, "queue", 1, sid(3)),
     ]
     assert attribute_request(
         spans, 0, 10, root=None, root_stage="unattributed", policy="shared"
@@ -208,7 +209,7 @@ def test_shared_does_not_give_ancestors_a_share():
 
 
 def test_exclusive_ties_broken_by_depth_then_start_then_span_id():
-    def winner(spans: list[SweepSpan]) -> dict[str, int]:
+    def winner(spans: list[RefSpan]) -> dict[str, int]:
         return attribute_request(
             spans, 0, 10, root=None, root_stage="unattributed", policy="exclusive"
         )
@@ -216,42 +217,42 @@ def test_exclusive_ties_broken_by_depth_then_start_then_span_id():
     same = {"start_ns": 0, "end_ns": 10, "depth": 1}
     assert winner(
         [
-            SweepSpan(stage="tokenize", span_id=sid(2), **same),
-            SweepSpan(stage="detokenize", span_id=sid(1), **same),
+            RefSpan(stage="tokenize", span_id=sid(2), **same),
+            RefSpan(stage="detokenize", span_id=sid(1), **same),
         ]
     ) == {"tokenize": 10}
     assert winner(
         [
-            SweepSpan(stage="tokenize", span_id=sid(1), **same),
-            SweepSpan(stage="detokenize", span_id=sid(2), **same),
+            RefSpan(stage="tokenize", span_id=sid(1), **same),
+            RefSpan(stage="detokenize", span_id=sid(2), **same),
         ]
     ) == {"detokenize": 10}
     # String comparison of span ids: "f0..." > "0f...".
     assert winner(
         [
-            SweepSpan(stage="tokenize", span_id="f000000000000000", **same),
-            SweepSpan(stage="detokenize", span_id="0fffffffffffffff", **same),
+            RefSpan(stage="tokenize", span_id="f000000000000000", **same),
+            RefSpan(stage="detokenize", span_id="0fffffffffffffff", **same),
         ]
     ) == {"tokenize": 10}
     # Later unclipped start beats span_id, even where both are clipped to the same start.
     assert winner(
-        [SweepSpan(-5, 10, "tokenize", 1, sid(2)), SweepSpan(-1, 10, "detokenize", 1, sid(1))]
+        [RefSpan(-5, 10, "tokenize", 1, sid(2)), RefSpan(-1, 10, "detokenize", 1, sid(1))]
     ) == {"detokenize": 10}
     # Depth beats start.
     assert winner(
-        [SweepSpan(0, 10, "tokenize", 2, sid(1)), SweepSpan(3, 10, "detokenize", 1, sid(2))]
+        [RefSpan(0, 10, "tokenize", 2, sid(1)), RefSpan(3, 10, "detokenize", 1, sid(2))]
     ) == {"tokenize": 10}
     # Priority beats depth.
     assert winner(
-        [SweepSpan(0, 10, "queue", 5, sid(1)), SweepSpan(0, 10, "stream", 1, sid(2))]
+        [RefSpan(0, 10, "queue", 5, sid(1)), RefSpan(0, 10, "stream", 1, sid(2))]
     ) == {"stream": 10}
 
 
 def test_critical_path_sibling_overlap():
     spans = [
-        SweepSpan(0, 20, "server", 0, sid(1)),
-        SweepSpan(0, 10, "tokenize", 1, sid(2), parent=0),
-        SweepSpan(5, 15, "queue", 1, sid(3), parent=0),
+        RefSpan(0, 20, "server", 0, sid(1)),
+        RefSpan(0, 10, "tokenize", 1, sid(2), parent=0),
+        RefSpan(5, 15, "queue", 1, sid(3), parent=0),
     ]
     assert attribute_request(spans, 0, 20, root=0, root_stage="server", policy="critical-path") == {
         "queue": 10,
@@ -261,12 +262,12 @@ def test_critical_path_sibling_overlap():
 
 def test_critical_path_ties_later_start_then_span_id():
     # Both children end at 10: the later start is taken first, the other one cannot fit.
-    later = [SweepSpan(0, 10, "queue", 1, sid(1)), SweepSpan(4, 10, "stream", 1, sid(2))]
+    later = [RefSpan(0, 10, "queue", 1, sid(1)), RefSpan(4, 10, "stream", 1, sid(2))]
     assert attribute_request(
         later, 0, 12, root=None, root_stage="unattributed", policy="critical-path"
     ) == {"stream": 6, "unattributed": 6}
     # Same end and start: the larger span_id.
-    same = [SweepSpan(2, 10, "queue", 1, sid(9)), SweepSpan(2, 10, "stream", 1, sid(3))]
+    same = [RefSpan(2, 10, "queue", 1, sid(9)), RefSpan(2, 10, "stream", 1, sid(3))]
     assert attribute_request(
         same, 0, 12, root=None, root_stage="unattributed", policy="critical-path"
     ) == {"queue": 8, "unattributed": 4}
@@ -274,9 +275,9 @@ def test_critical_path_ties_later_start_then_span_id():
 
 def test_critical_path_drops_children_outside_their_parent_with_their_subtree():
     spans = [
-        SweepSpan(0, 5, "prefill", 1, sid(1)),
-        SweepSpan(6, 10, "prefill.chunk", 2, sid(2), parent=0),  # outside its parent
-        SweepSpan(7, 9, "gpu", 3, sid(3), parent=1),
+        RefSpan(0, 5, "prefill", 1, sid(1)),
+        RefSpan(6, 10, "prefill.chunk", 2, sid(2), parent=0),  # outside its parent
+        RefSpan(7, 9, "gpu", 3, sid(3), parent=1),
     ]
     assert attribute_all(spans, 0, 20, root=None, root_stage="unattributed") == {
         "exclusive": {"prefill": 5, "unattributed": 11, "prefill.chunk": 2, "gpu": 2},
@@ -288,8 +289,8 @@ def test_critical_path_drops_children_outside_their_parent_with_their_subtree():
 def test_a_span_whose_parent_is_clipped_away_hangs_from_the_next_ancestor():
     # Window [10,20): prefill [0,10) takes no part, its chunk [5,15) is the root's child.
     spans = [
-        SweepSpan(0, 10, "prefill", 1, sid(1)),
-        SweepSpan(5, 15, "prefill.chunk", 2, sid(2), parent=0),
+        RefSpan(0, 10, "prefill", 1, sid(1)),
+        RefSpan(5, 15, "prefill.chunk", 2, sid(2), parent=0),
     ]
     expected = {"prefill.chunk": 5, "unattributed": 5}
     assert attribute_all(spans, 10, 20, root=None, root_stage="unattributed") == {
@@ -300,7 +301,7 @@ def test_a_span_whose_parent_is_clipped_away_hangs_from_the_next_ancestor():
 
 
 def test_empty_window_and_errors():
-    spans = [SweepSpan(0, 10, "queue", 1, sid(1))]
+    spans = [RefSpan(0, 10, "queue", 1, sid(1))]
     assert (
         attribute_request(spans, 5, 5, root=None, root_stage="unattributed", policy="shared") == {}
     )
@@ -310,7 +311,7 @@ def test_empty_window_and_errors():
         attribute_request(spans, 10, 0, root=None, root_stage="unattributed", policy="exclusive")
     with pytest.raises(ValueError, match="parent index 3 out of range"):
         attribute_request(
-            [SweepSpan(0, 10, "queue", 1, sid(1), parent=3)],
+            [RefSpan(0, 10, "queue", 1, sid(1), parent=3)],
             0,
             10,
             root=None,
@@ -318,14 +319,14 @@ def test_empty_window_and_errors():
             policy="exclusive",
         )
     cycle = [
-        SweepSpan(0, 10, "queue", 1, sid(1), parent=1),
-        SweepSpan(0, 10, "stream", 1, sid(2), parent=0),
+        RefSpan(0, 10, "queue", 1, sid(1), parent=1),
+        RefSpan(0, 10, "stream", 1, sid(2), parent=0),
     ]
     with pytest.raises(ValueError, match="cycle"):
         attribute_request(cycle, 0, 10, root=None, root_stage="unattributed", policy="shared")
     with pytest.raises(ValueError, match="'step' takes no time"):
         attribute_request(
-            [SweepSpan(0, 10, "step", 1, sid(1))],
+            [RefSpan(0, 10, "step", 1, sid(1))],
             0,
             10,
             root=None,
@@ -349,20 +350,20 @@ def requests(draw, stages=ALL_STAGES):
     a_ns = draw(st.integers(0, 10))
     b_ns = draw(st.integers(a_ns, 40))
     root_kind = draw(st.sampled_from(["client", "server", "engine"]))
-    spans: list[SweepSpan] = []
+    spans: list[RefSpan] = []
     root = None
     if root_kind != "engine":
         root = 0
         root_start_ns = draw(st.integers(-5, a_ns))
         root_end_ns = draw(st.integers(a_ns, 45))
-        spans.append(SweepSpan(root_start_ns, root_end_ns, root_kind, 0, sid(ids[n])))
+        spans.append(RefSpan(root_start_ns, root_end_ns, root_kind, 0, sid(ids[n])))
     for k in range(n):
         parent = draw(st.sampled_from([-1, *range(len(spans))]))
         depth = 1 if parent in (-1, root) else spans[parent].depth + 1
         start_ns = draw(st.integers(0, 40))
         end_ns = draw(st.integers(start_ns, start_ns + 20))
         stage = draw(st.sampled_from(stages))
-        spans.append(SweepSpan(start_ns, end_ns, stage, depth, sid(ids[k]), parent))
+        spans.append(RefSpan(start_ns, end_ns, stage, depth, sid(ids[k]), parent))
     return spans, a_ns, b_ns, root, ROOT_ONLY_STAGE[root_kind]
 
 
@@ -391,7 +392,7 @@ def test_row_order_changes_nothing(request, rng):
     new_index = {old: new for new, old in enumerate(order)}
     shuffled = [spans[old] for old in order]
     shuffled = [
-        SweepSpan(s.start_ns, s.end_ns, s.stage, s.depth, s.span_id, new_index.get(s.parent, -1))
+        RefSpan(s.start_ns, s.end_ns, s.stage, s.depth, s.span_id, new_index.get(s.parent, -1))
         for s in shuffled
     ]
     moved = (shuffled, a_ns, b_ns, None if root is None else new_index[root], root_stage)
@@ -423,8 +424,8 @@ def test_exclusive_splitting_a_span_changes_nothing(request, data):
     mid_ns = data.draw(st.integers(s.start_ns + 1, s.end_ns - 1))
     unused_id = sid(max(int(x.span_id, 16) for x in spans) + 1)
     split = list(spans)
-    split[i] = SweepSpan(s.start_ns, mid_ns, s.stage, s.depth, s.span_id, s.parent)
-    split.append(SweepSpan(mid_ns, s.end_ns, s.stage, s.depth, unused_id, s.parent))
+    split[i] = RefSpan(s.start_ns, mid_ns, s.stage, s.depth, s.span_id, s.parent)
+    split.append(RefSpan(mid_ns, s.end_ns, s.stage, s.depth, unused_id, s.parent))
     assert run((split, a_ns, b_ns, root, root_stage), "exclusive") == run(request, "exclusive")
 
 
@@ -444,7 +445,7 @@ def test_exclusive_adding_a_span_inside_a_higher_priority_one_changes_nothing(re
     lower = [s for s in DISTINCT_PRIORITY_STAGES if PRIORITY[s] < PRIORITY[host.stage]]
     stage = data.draw(st.sampled_from(lower))
     unused_id = sid(max(int(x.span_id, 16) for x in spans) + 1)
-    added = [*spans, SweepSpan(start_ns, end_ns, stage, host.depth + 1, unused_id, h)]
+    added = [*spans, RefSpan(start_ns, end_ns, stage, host.depth + 1, unused_id, h)]
     assert run((added, a_ns, b_ns, root, root_stage), "exclusive") == run(request, "exclusive")
 
 
@@ -455,7 +456,7 @@ def test_policies_agree_when_nothing_overlaps(gaps_and_lengths, data):
     for k, (gap_ns, length_ns) in enumerate(gaps_and_lengths):
         stage = data.draw(st.sampled_from(ALL_STAGES))
         spans.append(
-            SweepSpan(cursor_ns + gap_ns, cursor_ns + gap_ns + length_ns, stage, 1, sid(k))
+            RefSpan(cursor_ns + gap_ns, cursor_ns + gap_ns + length_ns, stage, 1, sid(k))
         )
         cursor_ns += gap_ns + length_ns
     b_ns = data.draw(st.integers(0, cursor_ns + 3))
