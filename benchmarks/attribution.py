@@ -7,7 +7,7 @@ Parquet file, and in a fresh process reads it back and times ``assemble`` + ``at
 for each policy, recording the peak resident memory above the loaded input table
 (VmHWM reset through /proc/self/clear_refs). The plain sweep does the same job one request
 at a time in Python (group rows, join GPU spans by step id, build the tree, call
-``ttft.analysis.sweep.attribute_request``) on a sample of the same workload, and must give
+``ttft.analysis.reference.attribute_request``) on a sample of the same workload, and must give
 the same parts. Goals on a 2-core machine: ≥ 3,000,000 spans/s, ≥ 30× the sweep, ≤ 300
 bytes per span above the input. Prints figures; asserts nothing about time.
 """
@@ -50,9 +50,9 @@ def child(path: str, policy: str) -> None:
     """Read the trace, then time and measure one policy; print one JSON line."""
     from ttft.analysis.assemble import assemble
     from ttft.analysis.attribution import attribute
-    from ttft.collectors.store import read_trace
+    from ttft.collectors import read_spans
 
-    table = read_trace(path)
+    table = read_spans(path)
     _settle()
     base_kib = _rss_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
@@ -78,7 +78,7 @@ def child(path: str, policy: str) -> None:
 
 def plain_sweep(rows: list[dict]) -> tuple[dict[str, dict[str, int]], int]:
     """Client-boundary exclusive attribution, one request at a time in plain Python."""
-    from ttft.analysis.sweep import SweepSpan, attribute_request
+    from ttft.analysis.reference import ReferenceSpan, attribute_request
 
     traces: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
@@ -126,7 +126,7 @@ def plain_sweep(rows: list[dict]) -> tuple[dict[str, dict[str, int]], int]:
         for s in own:
             parent = index.get(s["parent_id"], -1)
             sweep.append(
-                SweepSpan(
+                ReferenceSpan(
                     s["start_ns"],
                     s["end_ns"],
                     s["stage"],
@@ -155,7 +155,7 @@ def main() -> None:
 
     from ttft.analysis.assemble import assemble
     from ttft.analysis.attribution import attribute
-    from ttft.collectors.store import write_trace
+    from ttft.collectors import write_trace
     from ttft.collectors.synthetic import generate
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,7 @@
     python benchmarks/storage.py [--requests 20000] [--seed 0] [--json PATH]
 
 Generates a synthetic trace (``ttft.collectors.synthetic``: client, server, engine and GPU
-spans with their events), writes it with ``ttft.collectors.store.write_trace`` and writes
+spans with their events), writes it with ``ttft.collectors.write_trace`` and writes
 the same spans as OTLP/JSON Lines the way an OpenTelemetry Collector's file exporter does
 (one ``ExportTraceServiceRequest`` per line, 512 spans a line, hex ids, int64 times as
 strings, an empty ``status`` on each span as in the example of OpenTelemetry's file-exporter
@@ -117,8 +117,7 @@ def main() -> None:
     add_json_option(parser)
     args = parser.parse_args()
 
-    from ttft.collectors.importers import read_any
-    from ttft.collectors.store import write_trace
+    from ttft.collectors import read_spans, write_trace
     from ttft.collectors.synthetic import generate
 
     synthetic = generate(args.requests, seed=args.seed)
@@ -136,7 +135,7 @@ def main() -> None:
         parquet_bytes = parquet.stat().st_size
         otlp_bytes = otlp.stat().st_size
         gzip_bytes = len(gzip.compress(otlp.read_bytes(), compresslevel=6))
-        back = read_any(otlp)
+        back = read_spans(otlp)
     same_rows = back.num_rows == n
     per_span = parquet_bytes / n
     ratio = otlp_bytes / parquet_bytes

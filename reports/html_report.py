@@ -68,7 +68,7 @@ def _headline(data: ReportData) -> str:
     summary = data.summary
     cards = []
     for group, mask in data.groups.items():
-        part = summary if group == "all" else summary["conditions"][group]
+        part = summary.group(group)
         ttft = part["ttft_ms"]
         stages = part["stages"]
         biggest = max(stages.items(), key=lambda kv: kv[1]["share"]) if stages else None
@@ -90,7 +90,7 @@ def _headline(data: ReportData) -> str:
 
 
 def _raw_table(data: ReportData) -> str:
-    stages = data.summary["stages"]
+    stages = data.summary.stages
     if not stages:
         return '<p class="note">No request has a TTFT window at this boundary.</p>'
     rows = []
@@ -107,7 +107,7 @@ def _raw_table(data: ReportData) -> str:
         f'<tr class="total"><td>sum</td><td>{_ms(raw_total)}</td><td>{_ms(att_total)}</td>'
         f"<td>{_ms(raw_total - att_total)}</td><td></td></tr>"
     )
-    ttft_mean = data.summary["ttft_ms"]["mean"]
+    ttft_mean = data.summary.ttft_ms["mean"]
     return (
         "<table><tr><th>stage</th><th>raw mean ms (durations clipped to the window)</th>"
         "<th>attributed mean ms</th><th>overlap ms (double counting avoided)</th>"
@@ -161,7 +161,7 @@ def _regime_table(data: ReportData) -> str:
 
 
 def _quality(data: ReportData) -> str:
-    counts = {k: v for k, v in data.summary["quality"].items() if v}
+    counts = {k: v for k, v in data.summary.quality.items() if v}
     examples = data.attribution.quality.examples
     parts = []
     if not counts:
@@ -177,7 +177,7 @@ def _quality(data: ReportData) -> str:
             "<table><tr><th>defect</th><th>count</th><th>meaning</th><th>examples</th></tr>"
             f"{rows}</table>"
         )
-    for c in data.summary.get("clocks", []):
+    for c in data.summary.clocks or []:
         state = "applied" if c["applied"] else "not applied"
         parts.append(
             f'<p class="warn">clocks: {_e(c["server_clock"])} → {_e(c["client_clock"])}: '
@@ -213,7 +213,7 @@ def render_html(data: ReportData) -> str:
     sections = [
         "<h1>Where did the time to first token go?</h1>",
         f'<div class="sub">{_e(data.trace)} · boundary <b>{_e(boundary)}</b> · policy '
-        f"<b>{_e(s['policy'])}</b> · {s['requests']:,} requests with a window · ttft "
+        f"<b>{_e(s.policy)}</b> · {s.requests:,} requests with a window · ttft "
         f"{_e(_version())} · {made}</div>",
         _headline(data),
         "<h2>Where TTFT goes</h2>",

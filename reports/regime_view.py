@@ -4,17 +4,15 @@ line naming where the peaks came from, or what is missing and which flags supply
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
+from ttft.analysis.assemble import Assembly
 from ttft.analysis.regime import Peaks
 
 __all__ = [
@@ -133,19 +131,20 @@ class RegimeResult:
 
 
 def compute_regime(
-    table: pa.Table,
+    asm: Assembly,
     metadata: dict[str, Any],
     *,
-    model_config: Path | None = None,
+    model_config: dict[str, Any] | None = None,
+    model_origin: str = "--model-config",
     peak_tflops: float | None = None,
     peak_bandwidth_gbs: float | None = None,
 ) -> RegimeResult:
-    """The regime of a trace's prefill chunks: the model from ``model_config`` (a JSON
-    file) or the trace, the peaks from the trace (measured, else a known GPU's) or the
-    flags; never from the machine running this.
+    """The regime of a trace's prefill chunks: the model from ``model_config`` (the fields
+    of a config file the user named, ``model_origin``) or the trace, the peaks from the
+    trace (measured, else a known GPU's) or the flags; never from the machine running this.
 
     Raises:
-        typer.Exit: code 2 when ``model_config`` cannot be read or is not a model config.
+        ValueError: the model config (given or the trace's) is not a model shape.
     """
     from ttft.analysis.regime import (
         ModelShape,
@@ -154,31 +153,23 @@ def compute_regime(
         regime,
         regime_summary,
     )
-    from ttft.reports._app import fail
 
-    model, device = find_model_and_device(table, metadata)
+    model, device = find_model_and_device(asm.rows.table, metadata)
     if model_config is not None:
-        try:
-            model = json.loads(model_config.read_text())
-        except OSError as exc:
-            raise fail(f"{model_config}: {exc.strerror or exc}") from None
-        except ValueError as exc:
-            raise fail(f"{model_config}: not JSON ({exc})") from None
-        if not isinstance(model, dict):
-            raise fail(f"{model_config}: expected a JSON object of model config fields")
+        model = model_config
     shape = None
     if model is not None:
         try:
             shape = ModelShape.from_dict(model)
         except (ValueError, TypeError) as exc:
-            where = model_config or "the trace's model config"
-            raise fail(f"{where}: {exc}") from None
+            where = model_origin if model_config is not None else "the trace's model config"
+            raise ValueError(f"{where}: {exc}") from None
     flags = {}
     if peak_tflops is not None:
         flags["peak_flops_per_s"] = peak_tflops * 1e12
     if peak_bandwidth_gbs is not None:
         flags["peak_bytes_per_s"] = peak_bandwidth_gbs * 1e9
     peaks = find_peaks({"device": device} if device else {}, flags)
-    frame = regime(table, shape, peaks) if shape is not None else None
+    frame = regime(asm, shape, peaks) if shape is not None else None
     summary = regime_summary(frame) if frame is not None else None
     return RegimeResult(frame, summary, peaks, (device or {}).get("name"))

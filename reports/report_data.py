@@ -1,28 +1,26 @@
 """Everything a latency report shows, computed once for the HTML and the terminal version.
 
-`build` runs the analyses (attribution, percentile bands, blame, prefill scaling) and picks
-the requests whose waterfalls are drawn; the renderers only lay the results out.
+`build_report` takes one analysis (attribution done), adds percentile bands, blame, prefill
+scaling and the regime, and picks the requests whose waterfalls are drawn; the renderers
+only lay the results out.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from ttft.analysis import blame as blame_mod
-from ttft.analysis import clocks
-from ttft.analysis import prefill as prefill_mod
-from ttft.analysis.assemble import Assembly, assemble
-from ttft.analysis.attribution import Attribution, attribute
-from ttft.analysis.summary import percentile_bands, summarize
+from ttft.analysis.assemble import Assembly, Rows
+from ttft.analysis.attribution import Attribution
+from ttft.analysis.blame import blame, blame_summary
+from ttft.analysis.pipeline import Analysis
+from ttft.analysis.prefill import QuadraticFit, prefill_fits, prefill_points
+from ttft.analysis.summary import Summary, percentile_bands
 from ttft.reports.regime_view import RegimeResult, compute_regime
-from ttft.tracer.schema import ATTR_STEP_ID, BOUNDARY_EVENTS, CONDITIONS, SCHEMA_VERSION
+from ttft.tracer.schema import ATTR_STEP_ID, BOUNDARY_EVENTS, CONDITIONS
 
 _NS_PER_MS = 1e6
 MAX_WATERFALL_SPANS = 400
@@ -55,7 +53,7 @@ class ReportData:
 
     trace: str
     metadata: dict[str, Any]
-    summary: dict[str, Any]
+    summary: Summary
     attribution: Attribution
     groups: dict[str, np.ndarray]
     """``all`` and each condition present: boolean masks over the attributed requests."""
@@ -64,7 +62,7 @@ class ReportData:
     waterfalls: list[Waterfall]
     blame: pd.DataFrame
     prefill_points: pd.DataFrame
-    prefill_fits: dict[str, prefill_mod.QuadraticFit]
+    prefill_fits: dict[str, QuadraticFit]
     regime: RegimeResult | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -76,29 +74,15 @@ class ReportData:
         return {g: label if g == "all" else g for g in self.groups}
 
 
-def build(
-    table: pa.Table,
-    metadata: dict[str, Any],
-    *,
-    trace: str,
-    boundary: str | None = None,
-    policy: str = "exclusive",
-    regime_flags: dict[str, Any] | None = None,
-) -> ReportData:
-    """Run every analysis the report shows on ``table`` (a span table).
+def build_report(analysis: Analysis, *, regime: RegimeResult | None = None) -> ReportData:
+    """Everything the report shows, from one analysis.
 
     Args:
-        regime_flags: keyword arguments of `ttft.reports.regime_view.compute_regime`
-            (``model_config``, ``peak_tflops``, ``peak_bandwidth_gbs``).
+        analysis: the trace analysed at the report's boundary and policy.
+        regime: the prefill regime (default: from what the trace says of its model and
+            device, `ttft.reports.regime_view.compute_regime`).
     """
-    asm = assemble(table)
-    attr = attribute(asm, boundary, policy)
-    summary = summarize(
-        attr,
-        asm,
-        trace=trace,
-        schema_version=int(metadata.get("schema_version", SCHEMA_VERSION)),
-    )
+    asm, attr = analysis.assembly, analysis.attribution
     conditions = attr.requests["condition"].to_numpy()
     groups = {"all": np.ones(len(conditions), bool)}
     for cond in CONDITIONS:
@@ -106,20 +90,20 @@ def build(
         if mask.any():
             groups[cond] = mask
     ttft_ms = attr.requests["ttft_ns"].to_numpy() / _NS_PER_MS
-    points = prefill_mod.prefill_points(table)
+    points = prefill_points(asm)
     return ReportData(
-        trace=trace,
-        metadata=metadata,
-        summary=summary,
+        trace=analysis.summary.trace,
+        metadata=analysis.metadata,
+        summary=analysis.summary,
         attribution=attr,
         groups=groups,
         bands={g: percentile_bands(attr, mask) for g, mask in groups.items()},
         cdf_ms={g: np.sort(ttft_ms[mask]) for g, mask in groups.items()},
-        waterfalls=_waterfalls(table, asm, attr),
-        blame=blame_mod.blame_summary(blame_mod.blame(table)),
+        waterfalls=_waterfalls(asm, attr),
+        blame=blame_summary(blame(asm)),
         prefill_points=points,
-        prefill_fits=prefill_mod.prefill_fits(points),
-        regime=compute_regime(table, metadata, **(regime_flags or {})),
+        prefill_fits=prefill_fits(points),
+        regime=regime if regime is not None else compute_regime(asm, analysis.metadata),
     )
 
 
@@ -145,60 +129,61 @@ def chosen_requests(attr: Attribution) -> list[tuple[str, int]]:
     return out
 
 
-def _waterfalls(table: pa.Table, asm: Assembly, attr: Attribution) -> list[Waterfall]:
+def _waterfalls(asm: Assembly, attr: Attribution) -> list[Waterfall]:
     chosen = chosen_requests(attr)
     if not chosen:
         return []
-    aligned = clocks.apply_offsets(table, asm.quality.clocks)
-    trace_col = aligned.column("trace_id")
-    rid_col = aligned.column("request_id")
+    rows = asm.rows
     out = []
     for label, row in chosen:
         req = attr.requests.iloc[row]
-        mine = pc.equal(trace_col, req["trace_id"])
-        if isinstance(req["request_id"], str):
-            mine = pc.or_kleene(mine, pc.fill_null(pc.equal(rid_col, req["request_id"]), False))
-        own = aligned.filter(mine).to_pandas()
+        own = np.flatnonzero(rows.valid & (rows.req == int(req["request"])))
         a_ns = int(req["a_ns"])
-        engine = _engine_rows(aligned, own, a_ns, a_ns + int(req["ttft_ns"]))
-        frame = pd.concat([own, engine], ignore_index=True) if len(engine) else own
+        engine = _engine_rows(rows, own, a_ns, a_ns + int(req["ttft_ns"]))
         parts = attr.attributed.iloc[row]
         out.append(
-            _waterfall(label, req, frame, a_ns, {k: v / _NS_PER_MS for k, v in parts.items() if v})
+            _waterfall(
+                label,
+                req,
+                _frame(rows, np.concatenate([own, engine])),
+                a_ns,
+                {k: v / _NS_PER_MS for k, v in parts.items() if v},
+            )
         )
     return out
 
 
-def _engine_rows(aligned: pa.Table, own: pd.DataFrame, a_ns: int, b_ns: int) -> pd.DataFrame:
+def _engine_rows(rows: Rows, own: np.ndarray, a_ns: int, b_ns: int) -> np.ndarray:
     """The gpu spans of the request's chunk steps and the engine steps overlapping its
     window (what ran while it waited), of the services its chunks ran on."""
-    chunks = own[own["stage"] == "prefill.chunk"]
-    if chunks.empty:
-        return own.iloc[:0]
-    services = set(chunks["service"])
-    steps = {_int_attr(a, ATTR_STEP_ID) for a in chunks["attributes"]} - {None}
-    stage = aligned.column("stage")
-    engine = aligned.filter(
-        pc.and_(
-            pc.is_in(aligned.column("service"), pa.array(sorted(services))),
-            pc.is_in(pc.cast(stage, pa.string()), pa.array(["gpu", "step"])),
-        )
-    ).to_pandas()
-    if engine.empty:
-        return engine
-    step_ids = np.array([_int_attr(a, ATTR_STEP_ID) for a in engine["attributes"]], dtype=object)
-    is_gpu = (engine["stage"] == "gpu").to_numpy()
-    near = (engine["end_ns"] > a_ns) & (engine["start_ns"] < b_ns)
-    keep = (is_gpu & np.isin(step_ids, list(steps))) | (~is_gpu & near.to_numpy())
-    return engine[keep]
+    chunks = own[rows.has_stage(own, "prefill.chunk")]
+    if len(chunks) == 0:
+        return chunks
+    steps = np.unique(rows.int_attribute(chunks, ATTR_STEP_ID))
+    steps = steps[steps >= 0]
+    engine = rows.of("gpu", "step")
+    engine = engine[np.isin(rows.service[engine], np.unique(rows.service[chunks]))]
+    is_gpu = rows.has_stage(engine, "gpu")
+    near = (rows.end_ns[engine] > a_ns) & (rows.start_ns[engine] < b_ns)
+    ours = np.zeros(len(engine), bool)
+    if is_gpu.any():
+        ours[is_gpu] = np.isin(rows.int_attribute(engine[is_gpu], ATTR_STEP_ID), steps)
+    return engine[(is_gpu & ours) | (~is_gpu & near)]
 
 
-def _int_attr(raw: Any, key: str) -> int | None:
-    try:
-        value = json.loads(raw).get(key) if isinstance(raw, str) else None
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) else None
+def _frame(rows: Rows, take: np.ndarray) -> pd.DataFrame:
+    """``name, stage, clock, start_ns, end_ns`` of the rows ``take``, on the assembly's
+    (aligned) clock."""
+    table = rows.table
+    return pd.DataFrame(
+        {
+            "name": table.column("name").take(take).to_numpy(zero_copy_only=False),
+            "stage": rows.stage_names(take),
+            "clock": rows.clock_names(take),
+            "start_ns": rows.start_ns[take],
+            "end_ns": rows.end_ns[take],
+        }
+    )
 
 
 def _waterfall(

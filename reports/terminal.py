@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from ttft.analysis.quality import MEANING
+from ttft.analysis.summary import Summary
 
 _BAR_WIDTH = 20
 
@@ -45,23 +44,23 @@ def stage_table(title: str, ttft_ms: dict[str, float], stages: dict[str, dict]) 
     return table
 
 
-def render_analysis(summary: dict[str, Any], console: Console) -> None:
-    """Print the summary ``ttft.analysis.summary.summarize`` made."""
-    conditions = summary["conditions"]
+def render_analysis(summary: Summary, console: Console) -> None:
+    """Print an analysis's summary (``Analysis.summary``)."""
+    conditions = summary.conditions
     head = Text.assemble(
         ("ttft analyze ", "bold"),
-        (summary["trace"], "bold cyan"),
-        f"  boundary={summary['boundary']}  policy={summary['policy']}  "
-        f"requests={summary['requests']:,}",
+        (summary.trace, "bold cyan"),
+        f"  boundary={summary.boundary}  policy={summary.policy}  "
+        f"requests={summary.requests:,}",
     )
     console.print(head)
-    if summary["requests"] == 0:
+    if summary.requests == 0:
         console.print("[yellow]No request has a TTFT window at this boundary.[/yellow]")
     else:
         label = "all requests"
         if len(conditions) > 1:
             label += " (mixes " + " and ".join(conditions) + ")"
-        blocks = [stage_table(label, summary["ttft_ms"], summary["stages"])]
+        blocks = [stage_table(label, summary.ttft_ms, summary.stages)]
         for cond, part in conditions.items():
             blocks.append(
                 stage_table(
@@ -77,15 +76,15 @@ def render_analysis(summary: dict[str, Any], console: Console) -> None:
                 style="dim",
             )
         )
-    if summary["tail"]:
+    if summary.tail:
         tail = Table(title="tail: TTFT ≥ p99 against p40–p60", title_justify="left")
         tail.add_column("stage")
         tail.add_column("tail mean ms", justify="right")
         tail.add_column("middle mean ms", justify="right")
-        for stage, row in sorted(summary["tail"].items(), key=lambda kv: -kv[1]["tail_mean"]):
+        for stage, row in sorted(summary.tail.items(), key=lambda kv: -kv[1]["tail_mean"]):
             tail.add_row(stage, f"{row['tail_mean']:,.2f}", f"{row['median_mean']:,.2f}")
         console.print(tail)
-    itl = summary["itl_ms"]
+    itl = summary.itl_ms
     if itl:
         console.print(
             f"inter-token latency  p50 {itl['p50']:,.2f} ms  p99 {itl['p99']:,.2f} ms   "
@@ -94,15 +93,15 @@ def render_analysis(summary: dict[str, Any], console: Console) -> None:
     render_quality(summary, console)
 
 
-def render_quality(summary: dict[str, Any], console: Console) -> None:
+def render_quality(summary: Summary, console: Console) -> None:
     """The data-quality lines and, when a clock pair disagrees, the clock lines."""
-    quality = {k: v for k, v in summary["quality"].items() if v}
+    quality = {k: v for k, v in summary.quality.items() if v}
     if quality:
         for defect, count in quality.items():
             console.print(f"[yellow]data quality:[/yellow] {count:,} {defect}: {MEANING[defect]}")
     else:
         console.print("[green]data quality: no defects found[/green]")
-    for c in summary.get("clocks", []):  # present only when a clock pair disagrees
+    for c in summary.clocks or []:  # present only when a clock pair disagrees
         pair = f"{c['server_clock']} → {c['client_clock']}"
         how = (
             f"estimate {c['estimate_ms']:+,.3f} ms, spread {c['spread_ms']:,.3f} ms, "

@@ -48,7 +48,7 @@ def _headline(data: ReportData) -> Table:
     table.add_column("biggest stage (share of TTFT)")
     table.columns[0].header = "group · requests"
     for group, mask in data.groups.items():
-        part = data.summary if group == "all" else data.summary["conditions"][group]
+        part = data.summary.group(group)
         stages = part["stages"]
         biggest = max(stages.items(), key=lambda kv: kv[1]["share"]) if stages else None
         big = Text()
@@ -198,10 +198,10 @@ def render_report(data: ReportData, console: Console) -> None:
         Text.assemble(
             ("ttft report ", "bold"),
             (data.trace, "bold cyan"),
-            f"  boundary={s['boundary']}  policy={s['policy']}  requests={s['requests']:,}",
+            f"  boundary={s.boundary}  policy={s.policy}  requests={s.requests:,}",
         )
     )
-    if s["requests"] == 0:
+    if s.requests == 0:
         console.print("[yellow]No request has a TTFT window at this boundary.[/yellow]")
     else:
         console.print(_headline(data))
@@ -209,7 +209,7 @@ def render_report(data: ReportData, console: Console) -> None:
         console.print(_cdf(data))
         console.print(_waterfalls(data))
         console.print(
-            stage_table("raw durations against attributed time", s["ttft_ms"], s["stages"])
+            stage_table("raw durations against attributed time", s.ttft_ms, s.stages)
         )
         console.print(
             Text(

@@ -37,13 +37,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from typer.testing import CliRunner
 
-import ttft
+from ttft.collectors import read_spans, write_trace
 from ttft.collectors.otlp_grpc import EXPORT_METHOD, Collector, OTLPGrpcReceiver
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
-from ttft.collectors.store import read_trace, write_trace
 from ttft.collectors.synthetic import generate
-from ttft.engine import inprocess
 from ttft.engine import server as engine_server
+from ttft.engine.server import inprocess
 from ttft.reports.cli import app
 
 LOOPBACK = "127.0.0.1"
@@ -166,8 +165,8 @@ def ready(url: str, process: subprocess.Popen) -> bool:
 
 
 def package_modules() -> list[Path]:
-    """Every Python file of the installed ttft packages (``ttft`` itself included)."""
-    dirs = [Path(p) for p in ttft.__path__]
+    """Every Python file of the installed ttft packages."""
+    dirs = []
     for name in PACKAGES:
         dirs += [Path(p) for p in importlib.import_module(f"ttft.{name}").__path__]
     files = sorted({f for d in dirs for f in d.rglob("*.py")})
@@ -230,18 +229,17 @@ def test_cli_listener_options_default_to_loopback():
 
 
 def test_library_listeners_default_to_loopback():
-    from ttft.collectors.live import TraceSpec
+    from ttft.collectors.trace_run import TraceSpec
 
     defaults = {
         "OTLPReceiver": inspect.signature(OTLPReceiver).parameters["host"].default,
         "OTLPGrpcReceiver": inspect.signature(OTLPGrpcReceiver).parameters["host"].default,
         "Collector": inspect.signature(Collector).parameters["host"].default,
         "engine.server.serve": inspect.signature(engine_server.serve).parameters["host"].default,
-        "engine.server.ServerConfig": engine_server.ServerConfig().host,
-        "engine.inprocess.serving": inspect.signature(inprocess.serving).parameters["host"].default,
-        "engine.inprocess.free_port": inspect.signature(inprocess.free_port)
+        "engine.server.serving": inspect.signature(inprocess.serving).parameters["host"].default,
+        "engine.server.free_port": inspect.signature(inprocess.free_port)
         .parameters["host"].default,
-        "collectors.live.TraceSpec": TraceSpec(url="http://x").receiver_host,
+        "collectors.trace_run.TraceSpec": TraceSpec(url="http://x").receiver_host,
     }
     assert defaults == dict.fromkeys(defaults, LOOPBACK)
 
@@ -262,7 +260,7 @@ def test_no_module_names_a_wildcard_or_non_loopback_bind_address():
                         if kw.value.value not in (LOOPBACK, "localhost"):
                             found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)[:60]}")
     assert found == []
-    live = tree_of("ttft.collectors.live")
+    live = tree_of("ttft.collectors.trace_run")
     receivers = [n for n in ast.walk(live) if isinstance(n, ast.Call)
                  and dotted(n.func) in ("OTLPReceiver", "OTLPGrpcReceiver", "Collector")]
     assert receivers and all(
@@ -285,7 +283,7 @@ def test_receivers_bind_loopback_when_no_host_is_given():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """The reference server from ``engine.inprocess.serving`` with its default host and an
+    """The reference server from ``engine.server.serving`` with its default host and an
     API key: ``(base url, port)``."""
     engine = engine_server.build_engine(
         "tiny", device="cpu", tokenizer_cache_dir=str(tmp_path_factory.mktemp("tok"))
@@ -303,7 +301,7 @@ def test_inprocess_server_binds_loopback(served):
 def test_trace_receiver_binds_loopback_by_default(served, tmp_path):
     """``ttft trace``'s OTLP receiver, started for a one-request run against the served
     engine, listens on loopback while the run lasts."""
-    from ttft.collectors.live import TraceSpec, trace_server
+    from ttft.collectors.trace_run import TraceSpec, trace_server
 
     url, _ = served
     seen: dict[str, set[str]] = {}
@@ -382,7 +380,7 @@ def _check_compare_digest(fn: ast.FunctionDef, secrets: set[str]) -> None:
 
 
 def test_tokens_are_compared_in_constant_time():
-    server = tree_of("ttft.engine.server")
+    server = tree_of("ttft.engine.server.routes")
     _check_compare_digest(function(server, "authorize"), {"api_key", "token", "header"})
     common = tree_of("ttft.collectors._otlp_common")
     _check_compare_digest(function(common, "bearer_ok"), {"token", "credentials",
@@ -447,7 +445,7 @@ def test_collect_cli_binds_loopback_and_requires_the_token(tmp_path):
     assert process.returncode == 0, done["stderr"]
     assert "collected 4 spans from 7 requests (5 requests rejected" in done["stderr"], done[
         "stderr"]
-    assert read_trace(out).num_rows == 4  # two spans from each accepted export, no others
+    assert read_spans(out).num_rows == 4  # two spans from each accepted export, no others
 
 
 # -- size limits -----------------------------------------------------------------------
@@ -598,9 +596,8 @@ def test_parquet_reading_cannot_run_pickled_extension_types():
     only, and its pandas conversion reads the JSON ``pandas`` metadata, never pickles."""
     major, minor, patch = (int(p) for p in pa.__version__.split(".")[:3])
     assert (major, minor, patch) >= (14, 0, 1)
-    deps = Path(ttft.__path__[0]).parent / "pyproject.toml"
-    if deps.exists():
-        assert '"pyarrow>=15"' in deps.read_text()
+    deps = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    assert '"pyarrow>=15"' in deps.read_text()
 
 
 # -- trace files opened by the CLI are only read ---------------------------------------
@@ -639,18 +636,17 @@ def _open_modes(tree: ast.AST) -> list[tuple[int, object]]:
 
 
 def test_trace_readers_open_files_read_only():
-    store = tree_of("ttft.collectors.store")
-    importers = [tree_of(f"ttft.collectors.importers.{m}") for m in (
-        "_base", "chrome", "jaeger", "mapping", "otlp", "ttft_parquet", "__init__")]
-    for tree in [store, *importers]:
+    readers = [tree_of(f"ttft.collectors.{m}") for m in ("parquet", "reader", "errors")]
+    readers += [tree_of(f"ttft.collectors.importers.{m}") for m in (
+        "_base", "_chrome_convert", "_mapping_apply", "chrome", "jaeger", "mapping", "otlp",
+        "ttft_parquet", "__init__")]
+    for tree in readers:  # the read path only reads
         for line, mode in _open_modes(tree):
             assert mode in ("r", "rb", "rt", "os.O_RDONLY"), (line, mode)
-        if tree is not store:  # an importer only reads
-            assert _writes(tree) == set()
-    for name in ("trace_files", "_part_files", "_open_checked", "_read_tables", "read_trace",
-                 "iter_batches", "read_metadata"):
-        assert _writes(function(store, name)) == set(), name
-    assert "os.replace" in _writes(function(store, "_write_atomic"))  # the scan sees writes
+        assert _writes(tree) == set()
+    files = tree_of("ttft.collectors._files")
+    assert _writes(function(files, "part_files")) == set()
+    assert "os.replace" in _writes(function(files, "write_atomic"))  # the scan sees writes
 
 
 def _snapshot(root: Path) -> dict[str, tuple]:

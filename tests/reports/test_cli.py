@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from ttft.collectors.store import read_trace, write_trace
+from ttft.collectors import read_spans, write_trace
 from ttft.collectors.synthetic import expected_path
 from ttft.reports.cli import app
 from ttft.tracer.schema import METADATA_KEY, SPAN_SCHEMA
@@ -153,7 +153,7 @@ def test_not_a_ttft_trace_names_the_file(tmp_path):
 
 
 def test_malformed_rows_are_counted_not_fatal(trace, tmp_path):
-    table = read_trace(trace)
+    table = read_spans(trace)
     starts = table.column("start_ns").to_pylist()
     ends = table.column("end_ns").to_pylist()
     ends[0] = starts[0] - 5  # one span now ends before it starts
@@ -176,9 +176,9 @@ def test_empty_trace_reports_no_requests(tmp_path):
 
 
 def test_analyze_reads_a_directory_of_parts(trace, tmp_path):
-    from ttft.collectors.store import TraceWriter
+    from ttft.collectors import TraceWriter
 
-    table = read_trace(trace)
+    table = read_spans(trace)
     target = tmp_path / "run.parquet"
     writer = TraceWriter(target, flush_spans=2_000, merge_on_close=False)
     for batch in table.to_batches(max_chunksize=1_500):

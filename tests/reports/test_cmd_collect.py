@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from typer.testing import CliRunner
 
-from ttft.collectors.store import read_metadata, read_trace
+from ttft.collectors import read_spans, run_metadata
 from ttft.reports.cli import app
 
 T0_NS = 1_700_000_000_000_000_000
@@ -106,10 +106,10 @@ def test_collect_end_to_end_over_http_and_grpc(tmp_path, stop_signal):
     assert summary == (f"collected 5 spans from 3 requests (1 requests rejected, "
                        f"0 spans rejected) into {trace}")
     assert [path.name for path in out.iterdir()] == [trace.rsplit("/", 1)[1]]
-    table = read_trace(out)
+    table = read_spans(out)
     assert sorted(table.column("name").to_pylist()) == [
         "forward", "queue", "server", "step", "tokenize"]
-    assert read_metadata(out)["workload"] == {
+    assert run_metadata(read_spans(out))["workload"] == {
         "command": "ttft collect", "otlp_http": http_url, "otlp_grpc": grpc_url}
 
 
@@ -122,7 +122,7 @@ def test_collect_stops_after_duration_and_leaves_an_empty_trace(tmp_path):
     assert result.stderr.splitlines()[-1] == (
         f"collected 0 spans from 0 requests (0 requests rejected, 0 spans rejected) "
         f"into {trace}")
-    assert read_trace(out).num_rows == 0
+    assert read_spans(out).num_rows == 0
 
 
 @pytest.mark.parametrize("busy", ["http", "grpc"])

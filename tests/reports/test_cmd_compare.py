@@ -11,7 +11,7 @@ import pytest
 from _traces import scaled
 from typer.testing import CliRunner
 
-from ttft.collectors.store import write_trace
+from ttft.collectors import write_trace
 from ttft.collectors.synthetic import generate
 from ttft.reports.cli import app
 

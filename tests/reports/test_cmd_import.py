@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ttft.collectors.store import read_metadata, read_trace
+from ttft.collectors import read_spans, run_metadata
 from ttft.reports.cli import app
 
 runner = CliRunner()
@@ -80,7 +80,7 @@ def test_import_writes_a_ttft_trace_with_mapped_stages(jaeger, mapping, tmp_path
     result = runner.invoke(app, ["import", str(jaeger), "-o", str(out), "--mapping", str(mapping)])
     assert result.exit_code == 0, result.output
     assert f"wrote {out}" in result.stderr.replace("\n", "")
-    table = read_trace(out)
+    table = read_spans(out)
     stages = dict(
         zip(table.column("name").to_pylist(), table.column("stage").to_pylist(), strict=True)
     )
@@ -93,7 +93,7 @@ def test_import_writes_a_ttft_trace_with_mapped_stages(jaeger, mapping, tmp_path
         "stream": "stream",
         "first_byte": "event",
     }
-    assert read_metadata(out)["source_format"] == "jaeger"
+    assert run_metadata(read_spans(out))["source_format"] == "jaeger"
 
 
 def test_analyze_reads_the_file_directly_with_the_same_rules(jaeger, mapping):

@@ -18,9 +18,8 @@ from typer.testing import CliRunner
 import ttft.tracer as tt
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
-from ttft.collectors.store import read_metadata, read_trace, write_trace
-from ttft.engine.inprocess import free_port, serving
-from ttft.engine.server import build_engine, create_app
+from ttft.collectors import read_spans, run_metadata, write_trace
+from ttft.engine.server import build_engine, create_app, free_port, serving
 from ttft.reports.cli import app
 
 runner = CliRunner()
@@ -56,7 +55,7 @@ def traced_run(engine_factory, tmp_path_factory):
 
 def test_trace_joins_client_and_server_spans_into_one_trace(traced_run):
     out, output = traced_run
-    table = read_trace(out)
+    table = read_spans(out)
     services = pc.unique(table.column("service")).to_pylist()
     assert sorted(services) == ["loadgen", "ttft-server"]
     clients = table.filter(pc.equal(table.column("stage"), "client"))
@@ -79,7 +78,7 @@ def test_trace_joins_client_and_server_spans_into_one_trace(traced_run):
 
 def test_trace_metadata_holds_arguments_models_and_versions_but_no_secret(traced_run):
     out, _ = traced_run
-    meta = read_metadata(out)
+    meta = run_metadata(read_spans(out))
     assert meta["command"] == "ttft trace"
     assert meta["arguments"]["rate"] == 40 and meta["arguments"]["shared_prefix"] == [2, 3]
     assert meta["server"]["models"]["data"][0]["id"] == MODEL
@@ -98,7 +97,7 @@ def test_trace_against_a_server_without_spans_gives_the_clients_view(engine_fact
         ])
     assert result.exit_code == 0, result.output
     assert "sent no spans" in result.output
-    asm = assemble(read_trace(out))
+    asm = assemble(read_spans(out))
     assert asm.requests.shape[0] == 4
     stages = set(attribute(asm, "client", "exclusive").per_request().stage)
     assert stages <= {"client", "connect", "network"} and "network" in stages
@@ -131,14 +130,14 @@ def _split(table: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 def test_join_by_trace_id_and_by_request_id_restores_the_attribution(traced_run, tmp_path):
     out, _ = traced_run
-    table = read_trace(out)
+    table = read_spans(out)
     client, server = _split(table)
     # half the server traces lost their context: fresh trace ids, the request id kept
     traces = sorted(set(server.column("trace_id").to_pylist()))
     lost = {t: f"{i:032x}" for i, t in enumerate(traces[::2], start=1)}
     server = server.set_column(server.schema.get_field_index("trace_id"), "trace_id", pa.array(
         [lost.get(t, t) for t in server.column("trace_id").to_pylist()], pa.string()))
-    write_trace(tmp_path / "client.parquet", client, read_metadata(out))
+    write_trace(tmp_path / "client.parquet", client, run_metadata(read_spans(out)))
     write_trace(tmp_path / "server.parquet", server)
     stray = server.slice(0, 1).set_column(0, "trace_id", pa.array(["f" * 32]))
     stray = stray.set_column(stray.schema.get_field_index("request_id"), "request_id",
@@ -153,11 +152,11 @@ def test_join_by_trace_id_and_by_request_id_restores_the_attribution(traced_run,
     # engine-level traces (steps, forwards) belong to no client request: kept, counted
     engine_rows = sum(t not in set(client.column("trace_id").to_pylist())
                       for t in _split(table)[1].column("trace_id").to_pylist())
-    counts = read_metadata(joined)["joined"]
+    counts = run_metadata(read_spans(joined))["joined"]
     assert engine_rows > 0 and counts["unmatched"] == engine_rows + 1
     assert counts["by_request_id"] > 0 and counts["by_trace_id"] > 0
     original = attribute(assemble(table), "client", "exclusive").per_request()
-    again = attribute(assemble(read_trace(joined)), "client", "exclusive").per_request()
+    again = attribute(assemble(read_spans(joined)), "client", "exclusive").per_request()
     key = ["trace_id", "stage"]
     assert original.sort_values(key).attributed_ns.tolist() == \
         again[again.trace_id.isin(original.trace_id)].sort_values(key).attributed_ns.tolist()
@@ -184,13 +183,13 @@ def test_join_reads_collector_otlp_json_lines(tmp_path, collect):
     result = runner.invoke(app, ["join", str(tmp_path / "client.parquet"), str(lines), "-o",
                                  str(tmp_path / "joined.parquet")])
     assert result.exit_code == 0, result.output
-    joined = read_trace(tmp_path / "joined.parquet")
+    joined = read_spans(tmp_path / "joined.parquet")
     assert sorted(joined.column("name").to_pylist()) == ["client", "queue", "server"]
     assert set(joined.column("trace_id").to_pylist()) == {f"{server_trace:032x}"}
 
 
 def client_rows(trace_id: int) -> pa.Table:
-    from ttft.collectors.store import to_span_table
+    from ttft.collectors._spans import to_span_table
 
     return to_span_table([{
         "trace_id": f"{trace_id:032x}", "span_id": "1" * 16, "parent_id": None,

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ttft.reports.demo import run_demo
+from ttft.reports.runs.demo import run_demo
 
 
 def test_demo_traces_client_and_server_into_one_analyzable_trace(tmp_path, monkeypatch):
     monkeypatch.setenv("TTFT_CACHE_DIR", str(tmp_path / "cache"))
     result = run_demo(tmp_path / "demo", requests=8, model="tiny", rate_per_s=50.0)
     assert (result.requests, result.errors) == (8, 0)
-    summary = result.summary
+    summary = result.summary.to_dict()
     assert summary["boundary"] == "client" and summary["requests"] == 8
     stages = summary["stages"]
     for stage in ("network", "server", "queue", "prefill.chunk", "tokenize"):

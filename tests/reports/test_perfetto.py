@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from ttft.collectors.store import write_trace
+from ttft.collectors import write_trace
 from ttft.collectors.synthetic import generate
 from ttft.reports.cli import app
 from ttft.reports.perfetto import perfetto_events, request_traces, validate_events

@@ -14,8 +14,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from ttft.analysis.assemble import assemble
 from ttft.analysis.regime import ModelShape, Peaks, find_model_and_device, regime, regime_summary
-from ttft.collectors.store import read_metadata, read_trace
+from ttft.collectors import read_spans, run_metadata
 from ttft.engine.model import ModelConfig
 from ttft.reports.cli import app
 from ttft.reports.regime_view import render_regime
@@ -45,7 +46,7 @@ def profiled(tmp_path_factory):
 
 def test_trace_has_one_trace_per_timed_run_with_the_engine_chunk_attributes(profiled):
     path, _ = profiled
-    rows = read_trace(path).to_pylist()
+    rows = read_spans(path).to_pylist()
     for r in rows:
         r["attributes"] = json.loads(r["attributes"])
     envelopes = {r["span_id"]: r for r in rows if r["name"] == "prefill"}
@@ -79,7 +80,7 @@ def test_trace_has_one_trace_per_timed_run_with_the_engine_chunk_attributes(prof
 
 def test_metadata_holds_model_config_and_measured_device_peaks(profiled):
     path, _ = profiled
-    meta = read_metadata(path)
+    meta = run_metadata(read_spans(path))
     tiny = ModelConfig.preset("tiny")
     assert meta["model_config"]["n_layer"] == tiny.n_layer
     assert meta["model_config"]["dtype"] == "float32"
@@ -88,7 +89,7 @@ def test_metadata_holds_model_config_and_measured_device_peaks(profiled):
     assert device["peak_flops_per_s"] > 0 and device["peak_bytes_per_s"] > 0
     assert (meta["lengths"], meta["chunk_sizes"], meta["repeats"]) == ([32, 64, 128], [32, 64], 2)
     assert meta["prefix_reuse"] is True
-    model, found = find_model_and_device(read_trace(path), meta)
+    model, found = find_model_and_device(read_spans(path), meta)
     assert ModelShape.from_dict(model).n_layer == tiny.n_layer and found == device
 
 
@@ -126,7 +127,7 @@ def test_default_lengths_skip_those_above_the_model_with_a_note(tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "skipping default length(s) 2048, 4096" in result.stderr
-    assert read_metadata(out)["lengths"] == [128, 512]
+    assert run_metadata(read_spans(out))["lengths"] == [128, 512]
 
 
 def render(*args, **kwargs) -> str:
@@ -143,18 +144,19 @@ def test_regime_view_names_missing_inputs_and_the_flags():
 
 def test_regime_view_table_and_peaks_source(profiled):
     path, _ = profiled
-    table, meta = read_trace(path), read_metadata(path)
+    table, meta = read_spans(path), run_metadata(read_spans(path))
     shape = ModelShape.from_dict(meta["model_config"])
     peaks = Peaks(989e12, 3.35e12, "NVIDIA H100 80GB HBM3 (as H100 SXM)", "known-gpu")
-    frame = regime(table, shape, peaks)
+    asm = assemble(table)
+    frame = regime(asm, shape, peaks)
     summary = regime_summary(frame)
     assert not frame.empty and set(summary["condition"]) == {"cold", "prefix_hit", "all"}
     text = render(frame, summary, peaks)
     assert "all (mixes cold and prefix_hit)" in text and "memory" in text
     assert "989 TFLOP/s, 3.35 TB/s (ridge 295 FLOP/B)" in text
     assert "known-GPU datasheet table" in text
-    no_peaks = render(regime(table, shape, None), regime_summary(regime(table, shape, None)), None)
+    no_peaks = render(regime(asm, shape, None), regime_summary(regime(asm, shape, None)), None)
     assert "--peak-tflops" in no_peaks and "prefill regime" in no_peaks
-    empty = regime(table.slice(0, 0), shape, peaks)
+    empty = regime(assemble(table.slice(0, 0)), shape, peaks)
     assert "no prefill.chunk spans" in render(empty, regime_summary(empty), peaks)
     assert isinstance(frame, pd.DataFrame) and math.isfinite(frame["intensity"].iloc[0])

@@ -10,10 +10,8 @@ import pytest
 from _browser import open_offline, page
 from typer.testing import CliRunner
 
-from ttft.analysis.assemble import assemble
-from ttft.analysis.attribution import attribute
-from ttft.analysis.summary import summarize
-from ttft.collectors.store import read_trace, write_trace
+from ttft.analysis.pipeline import analyze
+from ttft.collectors import read_spans, write_trace
 from ttft.collectors.synthetic import generate
 from ttft.reports.cli import app
 
@@ -47,9 +45,7 @@ def report(trace):
 
 
 def _summary(trace):
-    table = read_trace(trace)
-    asm = assemble(table)
-    return summarize(attribute(asm), asm, trace=str(trace))
+    return analyze(read_spans(trace), trace=str(trace)).summary.to_dict()
 
 
 def test_report_draws_every_plot_offline_without_console_errors(report):
@@ -174,7 +170,7 @@ def test_report_draws_the_roofline_of_a_profile(profile, tmp_path):
         errors, _ = open_offline(pg, out)
         marks = pg.evaluate("() => document.querySelectorAll('#roofline g.trace .point').length")
     assert errors == []
-    chunks = read_trace(profile).column("stage").to_pylist().count("prefill.chunk")
+    chunks = read_spans(profile).column("stage").to_pylist().count("prefill.chunk")
     assert marks == chunks > 0  # one mark per chunk
     assert "measured)" in out.read_text()  # the roofline's peaks come from the trace
 

@@ -7,6 +7,7 @@ import pytest
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
+from ttft.analysis.pipeline import analyze
 from ttft.collectors.synthetic import generate
 from ttft.reports import report_data
 from ttft.tracer.schema import BOUNDARY_EVENTS
@@ -15,7 +16,7 @@ from ttft.tracer.schema import BOUNDARY_EVENTS
 @pytest.fixture(scope="module")
 def data():
     synthetic = generate(200, seed=11)
-    return report_data.build(synthetic.table, synthetic.metadata, trace="synth")
+    return report_data.build_report(analyze(synthetic.table, trace="synth"))
 
 
 def test_chosen_requests_are_the_median_p99_and_slowest(data):

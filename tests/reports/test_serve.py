@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from ttft.collectors.store import read_trace
+from ttft.collectors import read_spans
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -99,7 +99,7 @@ def test_serve_trace_and_analyze(tmp_path):
     )
     out = json.loads(done.stdout)
     assert out["requests"] == 3  # /health polls are not traced
-    rows = read_trace(trace).to_pandas()
+    rows = read_spans(trace).to_pandas()
     assert "0af7651916cd43dd8448eb211c80319c" in set(rows[rows.name == "server"].trace_id)
     # the injected 30 ms queue delay shows up as queue time in every request
     assert out["stages"]["queue"]["p50"] >= 30.0

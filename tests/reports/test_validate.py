@@ -8,10 +8,10 @@ import functools
 import pytest
 from typer.testing import CliRunner
 
-import ttft.reports.validate as validate_mod
-from ttft.engine.scheduler import EngineConfig
+import ttft.reports.runs.validate as validate_mod
+from ttft.engine import EngineConfig
 from ttft.reports.cli import app
-from ttft.reports.validate import DELAY_STAGES, check_delays, run_validate, tolerance_ms
+from ttft.reports.runs.validate import DELAY_STAGES, check_delays, run_validate, tolerance_ms
 
 runner = CliRunner()
 

@@ -9,22 +9,24 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports._app import (
-    BoundaryOption,
-    PolicyName,
-    PolicyOption,
+from ttft.reports.cli._app import (
+    analyze_trace,
     app,
     err,
     fail,
     progress,
+    regime_of,
     stdout_console,
 )
-from ttft.reports._load import (
+from ttft.reports.cli._options import (
+    BoundaryOption,
     FormatOption,
     MappingOption,
     ModelConfigOption,
     PeakBandwidthOption,
     PeakTflopsOption,
+    PolicyName,
+    PolicyOption,
     TraceArgument,
 )
 
@@ -54,23 +56,23 @@ def report(
     blame, prefill scaling with its fit, each prefill chunk on the traced device's roofline,
     raw durations against attributed time, data quality and the run's metadata."""
     from ttft.reports import report_data
-    from ttft.reports._load import load_trace
 
     started = time.perf_counter()
-    table, metadata = load_trace(trace, format=format, mapping=mapping)
-    with progress(f"analyzing {table.num_rows:,} spans"):
-        data = report_data.build(
-            table,
-            metadata,
-            trace=str(trace),
-            boundary=boundary.value if boundary else None,
-            policy=policy.value,
-            regime_flags={
-                "model_config": model_config,
-                "peak_tflops": peak_tflops,
-                "peak_bandwidth_gbs": peak_bandwidth_gbs,
-            },
-        )
+    analysis = analyze_trace(
+        trace,
+        boundary=boundary.value if boundary else None,
+        policy=policy.value,
+        format=format,
+        mapping=mapping,
+    )
+    found = regime_of(
+        analysis,
+        model_config=model_config,
+        peak_tflops=peak_tflops,
+        peak_bandwidth_gbs=peak_bandwidth_gbs,
+    )
+    with progress("analyzing blame, prefill scaling and waterfalls"):
+        data = report_data.build_report(analysis, regime=found)
     if out is None:
         from ttft.reports.terminal_report import render_report
 
@@ -84,6 +86,6 @@ def report(
     except OSError as exc:
         raise fail(f"{out}: cannot write ({exc.strerror or exc})") from None
     err.print(
-        f"wrote {out}: {data.summary['requests']:,} requests, {size / 1e6:.1f} MB "
+        f"wrote {out}: {data.summary.requests:,} requests, {size / 1e6:.1f} MB "
         f"in {time.perf_counter() - started:.1f} s; open it in a browser (works offline)"
     )

@@ -28,7 +28,7 @@ class RunDisplay:
         self.progress.stop()
 
     def callbacks(self) -> dict[str, Callable[..., None]]:
-        """The keyword arguments :func:`ttft.collectors.live.trace_server` takes."""
+        """The keyword arguments :func:`ttft.collectors.trace_server` takes."""
         return {"on_start": self.start, "on_sent": self.on_sent,
                 "on_result": self.on_result, "on_waiting": self.waiting}
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports._app import app, err, fail
+from ttft.reports.cli._app import app, err, fail
 
 
 def _delays(values: list[str]) -> dict[str, float]:

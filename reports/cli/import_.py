@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports._app import app, err, fail, progress
-from ttft.reports._load import FormatOption, MappingOption, TraceArgument, load_trace
+from ttft.reports.cli._app import app, err, fail, load_trace, progress
+from ttft.reports.cli._options import FormatOption, MappingOption, TraceArgument
 
 
 @app.command("import")
@@ -25,7 +25,7 @@ def import_trace(
     onto ttft's stages (built-in rules for vLLM, SGLang and TGI, plus --mapping), and write
     it as one ttft Parquet trace. ttft analyze, report and export also read these files
     directly; importing once saves parsing them again."""
-    from ttft.collectors.store import write_trace
+    from ttft.collectors import write_trace
 
     if out.resolve() == trace.resolve():
         raise fail(f"{out}: the output would overwrite the input")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports._app import app, err, fail, stdout_console
+from ttft.reports.cli._app import app, err, fail, stdout_console
 
 
 @app.command()
@@ -23,8 +23,8 @@ def demo(
     """Start the reference server in-process on a free loopback port (CPU), trace a mixed
     Poisson workload from the client and the server into one Parquet trace, and print
     where each request's time to first token went; the HTML report goes beside the trace."""
-    from ttft.reports._progress import RunDisplay
-    from ttft.reports.demo import run_demo
+    from ttft.reports.cli._progress import RunDisplay
+    from ttft.reports.runs.demo import run_demo
     from ttft.reports.terminal import render_analysis
 
     err.print(f"starting the reference server (model {model!r}, CPU) on a loopback port")
@@ -42,13 +42,11 @@ def demo(
         raise fail(f"{out}: {exc.strerror or exc}") from None
     render_analysis(result.summary, stdout_console())
     from ttft.reports import report_data
-    from ttft.reports._load import load_trace
     from ttft.reports.html_report import write_html
 
     report = out / "report.html"
-    table, metadata = load_trace(result.trace)
     try:
-        write_html(report, report_data.build(table, metadata, trace=str(result.trace)))
+        write_html(report, report_data.build_report(result.analysis))
     except OSError as exc:
         raise fail(f"{report}: cannot write ({exc.strerror or exc})") from None
     err.print(

@@ -11,21 +11,17 @@ from typing import Annotated, Any
 
 import pandas as pd
 import typer
-from rich.table import Table
 from rich.text import Text
 
-from ttft.reports._app import (
+from ttft.reports.cli._app import analyze_trace, app, err, fail, progress, stdout_console
+from ttft.reports.cli._options import (
     BoundaryName,
+    FormatOption,
+    MappingOption,
     PolicyName,
     PolicyOption,
-    app,
-    err,
-    fail,
-    progress,
-    stdout_console,
 )
-from ttft.reports._load import FormatOption, MappingOption
-from ttft.tracer.schema import BOUNDARY_NAMES, CONDITIONS
+from ttft.tracer.schema import BOUNDARY_NAMES
 
 _CONFIDENCE = 0.95
 
@@ -57,18 +53,18 @@ def compare(
     """Compare B against A: TTFT and every stage's p50/p90/p99 per condition (all, cold,
     prefix_hit), the delta B - A with a bootstrap 95% confidence interval, flagged when the
     interval excludes zero."""
-    from ttft.analysis.assemble import assemble
-    from ttft.analysis.attribution import attribute
     from ttft.analysis.compare import compare as compare_attributions
     from ttft.analysis.compare import regressions
-    from ttft.reports._load import load_trace
 
-    tables = [load_trace(path, format=format, mapping=mapping)[0] for path in (a, b)]
-    with progress("assembling requests"):
-        asms = [assemble(table) for table in tables]
-    chosen = boundary.value if boundary else _common_boundary(asms, (a, b))
+    given = boundary.value if boundary else None
+    analyses = [
+        analyze_trace(path, boundary=given, policy=policy.value, format=format, mapping=mapping)
+        for path in (a, b)
+    ]
+    chosen = given or _common_boundary([x.assembly for x in analyses], (a, b))
     with progress(f"attributing at the {chosen} boundary"):
-        attrs = [attribute(asm, chosen, policy.value) for asm in asms]
+        analyses = [x if x.attribution.boundary == chosen else x.at(chosen) for x in analyses]
+    attrs = [x.attribution for x in analyses]
     for path, attr in zip((a, b), attrs, strict=True):
         if len(attr.requests) == 0:
             raise fail(f"{path}: no request has a TTFT window at the {chosen} boundary")
@@ -89,7 +85,12 @@ def compare(
         sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
     else:
         counts = [attr.requests["condition"].value_counts() for attr in attrs]
-        _render(table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts)
+        from ttft.reports.compare_view import render_compare
+
+        render_compare(
+            table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts,
+            stdout_console(), _CONFIDENCE,
+        )
     if max_regression is None:
         return
     worse = regressions(table, max_regression)
@@ -134,96 +135,3 @@ def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
             row[key] = value
         rows.append(row)
     return rows
-
-
-def _render(
-    table: pd.DataFrame,
-    paths: tuple[str, str],
-    boundary: str,
-    policy: str,
-    resamples: int,
-    seed: int,
-    attrs: list,
-    counts: list[pd.Series],
-) -> None:
-    console = stdout_console()
-    n_a, n_b = (len(attr.requests) for attr in attrs)
-    console.print(
-        Text.assemble(
-            ("ttft compare ", "bold"),
-            ("A ", "bold"),
-            (paths[0], "bold cyan"),
-            ("  B ", "bold"),
-            (paths[1], "bold cyan"),
-            f"\nboundary={boundary}  policy={policy}  requests A={n_a:,} B={n_b:,}",
-        )
-    )
-    conditions = list(dict.fromkeys(table["condition"]))
-    for cond in conditions:
-        console.print(_condition_table(table[table["condition"] == cond], cond, conditions))
-    for cond in CONDITIONS:
-        in_a, in_b = (int(c.get(cond, 0)) for c in counts)
-        if (in_a == 0) != (in_b == 0):
-            console.print(
-                Text(
-                    f"{cond}: not compared, only one trace has such requests "
-                    f"(A {in_a:,}, B {in_b:,})",
-                    style="yellow",
-                )
-            )
-    console.print(
-        Text(
-            f"Δ = B - A. CI: bootstrap percentile interval of Δ, {resamples:,} resamples of "
-            f"each trace's requests (seed {seed}); worse/better: the interval excludes 0. "
-            "Stages shown where either trace's p99 > 0.",
-            style="dim",
-        )
-    )
-
-
-def _condition_table(rows: pd.DataFrame, cond: str, conditions: list[str]) -> Table:
-    first = rows.iloc[0]
-    if cond == "all":
-        label = "all requests"
-        others = [c for c in conditions if c != "all"]
-        if len(others) > 1:
-            label += " (mixes " + " and ".join(others) + ")"
-    else:
-        label = cond
-    title = f"{label}: A {first['a_requests']:,} · B {first['b_requests']:,} requests"
-    out = Table(title=title, title_justify="left")
-    out.add_column("metric")
-    out.add_column("pct", justify="right")
-    for name in ("A ms", "B ms", "Δ ms", "Δ %"):
-        out.add_column(name, justify="right")
-    out.add_column(f"{_CONFIDENCE:.0%} CI of Δ ms", justify="center", no_wrap=True)
-    out.add_column("")
-    shown = rows[rows["percentile"] == 99].set_index("metric")
-    shown = shown.index[(shown["a_ms"] > 0) | (shown["b_ms"] > 0)]
-    ttft = rows[rows["metric"] == "ttft"]
-    stages = rows[(rows["metric"] != "ttft") & rows["metric"].isin(shown)]
-    for i, row in enumerate(ttft.itertuples(index=False)):
-        out.add_row(*_cells(row), style="bold", end_section=i == len(ttft) - 1)
-    for row in stages.itertuples(index=False):
-        out.add_row(*_cells(row))
-    return out
-
-
-def _cells(row: Any) -> list[str | Text]:
-    pct = "—" if math.isnan(row.delta_pct) else f"{row.delta_pct:+.1f}%"
-    if row.ci_lo_ms > 0:
-        marker = Text("worse", style="bold red")
-    elif row.ci_hi_ms < 0:
-        marker = Text("better", style="bold green")
-    else:
-        marker = Text("~", style="dim")
-    return [
-        "TTFT" if row.metric == "ttft" else row.metric,
-        f"p{row.percentile}",
-        f"{row.a_ms:,.2f}",
-        f"{row.b_ms:,.2f}",
-        f"{row.delta_ms:+,.2f}",
-        pct,
-        f"{row.ci_lo_ms:+,.2f} … {row.ci_hi_ms:+,.2f}",
-        marker,
-    ]

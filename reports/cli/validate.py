@@ -4,15 +4,11 @@ attribution gives them back."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from ttft.reports._app import app, err, fail, progress, stdout_console
-
-if TYPE_CHECKING:
-    from ttft.reports.validate import StageCheck, ValidateResult
+from ttft.reports.cli._app import app, err, fail, progress, stdout_console
 
 
 def _parse_delays(values: list[str]) -> dict[str, float]:
@@ -27,39 +23,6 @@ def _parse_delays(values: list[str]) -> dict[str, float]:
         except ValueError:
             raise fail(f"--delay {value!r}: expected STAGE=MS, e.g. queue=30") from None
     return out
-
-
-def _row(check: StageCheck, *, informational: bool = False) -> list[str]:
-    mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
-    if informational and not check.ok:
-        mark = "[yellow]~[/yellow]"
-    return [
-        check.stage,
-        f"{check.injected_ms:.1f}",
-        f"{check.recovered_ms:.2f}",
-        f"{check.error_ms:+.2f}",
-        f"±{check.tolerance_ms:.2f}",
-        f"{check.baseline_median_ms:.2f}",
-        f"{check.injected_median_ms:.2f}",
-        mark,
-    ]
-
-
-def render(result: ValidateResult) -> Table:
-    """The injected-vs-recovered table (ms), the informational TTFT row last."""
-    table = Table(
-        title=f"injected vs recovered at the server boundary (median ms, exclusive; "
-        f"{result.injected.windows} requests)",
-        title_justify="left",
-    )
-    for name in ("stage", "injected", "recovered", "error", "tolerance", "baseline", "delayed"):
-        table.add_column(name, justify="left" if name == "stage" else "right")
-    table.add_column("ok", justify="center")
-    for check in result.stages:
-        table.add_row(*_row(check))
-    table.add_section()
-    table.add_row(*_row(result.ttft, informational=True))
-    return table
 
 
 @app.command()
@@ -83,7 +46,7 @@ def validate(
     rose by the injected delay within max(1 ms, 5 %). Exit 0 when every delay is
     recovered, 1 on a miss, 2 on bad input."""
     from ttft.engine.model import ModelConfig
-    from ttft.reports.validate import DEFAULT_DELAYS_MS, check_delays, run_validate
+    from ttft.reports.runs.validate import DEFAULT_DELAYS_MS, check_delays, run_validate
 
     try:
         delays = check_delays(_parse_delays(delay) if delay else DEFAULT_DELAYS_MS)
@@ -98,7 +61,9 @@ def validate(
             result = run_validate(out, requests=requests, model=model, delays_ms=delays, seed=seed)
     except OSError as exc:
         raise fail(f"{out}: {exc.strerror or exc}") from None
-    stdout_console().print(render(result))
+    from ttft.reports.validate_view import render_validate
+
+    stdout_console().print(render_validate(result))
     for line in result.failures:
         err.print(f"[red]{line}[/red]")
     misses = [c.stage for c in result.stages if not c.ok]

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports._app import app, err, fail, progress
-from ttft.reports._load import FormatOption, MappingOption, TraceArgument
+from ttft.reports.cli._app import app, err, fail, progress
+from ttft.reports.cli._options import FormatOption, MappingOption, TraceArgument
 
 
 @app.command()
@@ -36,7 +36,7 @@ def export(
     """Export requests as a timeline: a process per service and clock, one track per
     request (overlapping spans on separate lanes), GPU work per device, the boundary
     events as markers, and a flow from each client span to its server span."""
-    from ttft.reports._load import load_trace
+    from ttft.reports.cli._app import load_trace
     from ttft.reports.perfetto import perfetto_events, request_traces, write_perfetto
 
     if perfetto is None:

@@ -15,27 +15,30 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ttft.analysis.assemble import assemble
-from ttft.analysis.attribution import attribute
-from ttft.analysis.summary import summarize
-from ttft.collectors.live import TraceSpec, trace_server
-from ttft.collectors.store import read_trace
+from ttft.analysis.pipeline import Analysis, analyze
+from ttft.analysis.summary import Summary
+from ttft.collectors import read_spans
+from ttft.collectors.trace_run import TraceSpec, trace_server
 
 __all__ = ["DemoResult", "run_demo"]
 
 
 @dataclass(frozen=True)
 class DemoResult:
-    """Where the trace went, what the analysis says, and how the requests fared."""
+    """Where the trace went, its analysis, and how the requests fared."""
 
     trace: Path
-    summary: dict[str, Any]
+    analysis: Analysis
     requests: int
     errors: int
     joined: int
     seconds: float
+
+    @property
+    def summary(self) -> Summary:
+        """What ``ttft analyze`` of the trace prints."""
+        return self.analysis.summary
 
 
 def run_demo(
@@ -58,8 +61,7 @@ def run_demo(
     """
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from ttft.engine.inprocess import free_port, serving
-    from ttft.engine.server import build_engine
+    from ttft.engine.server import build_engine, free_port, serving
     from ttft.tracer import configure
 
     started = time.perf_counter()
@@ -99,7 +101,6 @@ def run_demo(
         hooks["on_start"] = on_start
         # the server stops and flushes while the receiver still listens
         run = trace_server(spec, trace, after_load=server.close, **hooks)
-    asm = assemble(read_trace(trace))
-    summary = summarize(attribute(asm), asm, trace=str(trace))
-    return DemoResult(trace, summary, len(run.results), run.errors, run.joined,
+    analysis = analyze(read_spans(trace), trace=str(trace))
+    return DemoResult(trace, analysis, len(run.results), run.errors, run.joined,
                       time.perf_counter() - started)

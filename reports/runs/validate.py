@@ -26,12 +26,10 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ttft.analysis.assemble import assemble
-from ttft.analysis.attribution import attribute
-from ttft.collectors import loadgen, workloads
+from ttft.analysis.pipeline import analyze
+from ttft.collectors import TraceWriter, loadgen, read_spans, workloads
 from ttft.collectors.otel_exporter import ParquetSpanExporter
-from ttft.collectors.store import TraceWriter, read_trace
-from ttft.engine.scheduler import DELAY_STAGES as ENGINE_DELAY_STAGES
+from ttft.engine.faults import DELAY_STAGES as ENGINE_DELAY_STAGES
 from ttft.tracer import configure
 
 __all__ = [
@@ -181,8 +179,7 @@ def _run_phase(
     With ``fit`` the prompts are first made exactly their target length through the
     server's ``/tokenize``; the items sent are returned, for the next phase to reuse.
     """
-    from ttft.engine.inprocess import serving
-    from ttft.engine.server import build_engine
+    from ttft.engine.server import build_engine, serving
 
     engine = build_engine(model, device=device, seed=seed, inject_delay_ms=delays_ms)
     model_name = f"ttft-{model}"
@@ -222,7 +219,7 @@ def _run_phase(
             )
     finally:
         tracing.shutdown()  # flushes the server's spans and closes the writer
-    attribution = attribute(assemble(read_trace(trace)), BOUNDARY, POLICY)
+    attribution = analyze(read_spans(trace), boundary=BOUNDARY, policy=POLICY).attribution
     # the warm-up and /tokenize requests reached the server too: keep the workload's
     traced = {r.trace_id for r in results if r.error is None}
     keep = attribution.requests["trace_id"].isin(traced).to_numpy()
@@ -282,7 +279,7 @@ def run_validate(
         raise ValueError(f"requests must be >= 1, got {requests}")
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    items = workloads.synthetic(
+    items = workloads.generated_prompts(
         workloads.burst(requests),
         prompt_tokens=(_PROMPT_TOKENS, _PROMPT_TOKENS),
         max_tokens=_MAX_TOKENS,

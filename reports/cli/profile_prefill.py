@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ttft.reports._app import app, err, fail, stdout_console
+from ttft.reports.cli._app import app, err, fail, stdout_console
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,9 +68,9 @@ def profile_prefill(
     measured peaks, and the quadratic fit a + b·n + c·n² per condition and chunk size."""
     import torch
 
-    from ttft.collectors.store import write_trace
+    from ttft.collectors import write_trace
     from ttft.engine.model import ModelConfig
-    from ttft.reports.profile_prefill import (
+    from ttft.reports.runs.profile_prefill import (
         DEFAULT_LENGTHS,
         ProfileSpec,
         profile_summary,

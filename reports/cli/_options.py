@@ -1,18 +1,22 @@
-"""Reading a trace for a command, in any format ttft imports: one error line (exit code 2)
-naming the file on failure."""
+"""The options and arguments several commands share, declared once."""
 
 from __future__ import annotations
 
-import json
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-import pyarrow as pa
 import typer
 
-from ttft.reports._app import fail, progress
-from ttft.tracer.schema import METADATA_KEY
+from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES
 
+BoundaryName = Enum("BoundaryName", {b: b for b in BOUNDARY_NAMES}, type=str)  # type: ignore[misc]
+PolicyName = Enum("PolicyName", {p: p for p in POLICIES}, type=str)  # type: ignore[misc]
+BoundaryOption = Annotated[
+    BoundaryName | None,
+    typer.Option(help="TTFT boundary (default: the outermost the trace supports)"),
+]
+PolicyOption = Annotated[PolicyName, typer.Option(help="how overlapping spans share a segment")]
 TraceArgument = Annotated[
     Path,
     typer.Argument(
@@ -37,38 +41,6 @@ MappingOption = Annotated[
         "they win over the built-in ones for vLLM, SGLang and TGI",
     ),
 ]
-
-
-def load_trace(
-    path: Path, *, format: str | None = None, mapping: Path | None = None
-) -> tuple[pa.Table, dict[str, Any]]:
-    """The span table of ``path`` (a ttft trace file or directory of parts, or a file of
-    another system's format) with stages mapped, and its run metadata.
-
-    Raises:
-        typer.Exit: code 2 after printing what was wrong with the file or the mapping.
-    """
-    from ttft.collectors.importers import TraceImportError, read_any
-
-    rules = None
-    if mapping is not None:
-        from ttft.collectors.importers.mapping import load_mapping
-
-        try:
-            rules = load_mapping(mapping)
-        except OSError as exc:
-            raise fail(f"{mapping}: {exc.strerror or exc}") from None
-        except ValueError as exc:
-            raise fail(str(exc)) from None
-    try:
-        with progress(f"reading {path}"):
-            table = read_any(path, format=format, mapping=rules)
-    except TraceImportError as exc:
-        raise fail(str(exc)) from None
-    except OSError as exc:
-        raise fail(f"{path}: {exc.strerror or exc}") from None
-    metadata = json.loads((table.schema.metadata or {}).get(METADATA_KEY, b"{}"))
-    return table, metadata
 
 
 RegimeFlag = Annotated[

@@ -1,6 +1,5 @@
-"""``ttft trace`` and ``ttft join``: trace a live server from the client side, receiving
-its own spans over OTLP, into one trace; or join a client trace with span files written
-elsewhere."""
+"""``ttft trace``: trace a live server from the client side, receiving its own spans over
+OTLP, into one trace, and print where the time to first token went."""
 
 from __future__ import annotations
 
@@ -9,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports._app import app, err, fail, stdout_console
-from ttft.reports._progress import RunDisplay
+from ttft.reports.cli._app import analyze_trace, app, err, fail, print_summary
+from ttft.reports.cli._progress import RunDisplay
 
 
 def _range(value: str, option: str) -> tuple[int, int]:
@@ -73,6 +72,9 @@ def trace(
     span_wait: Annotated[
         float, typer.Option(min=0, help="seconds to wait for the server's spans at the end")
     ] = 10.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the analysis as ttft analyze --json does")
+    ] = False,
 ) -> None:
     """Send a workload to an OpenAI-compatible server (streaming), trace every request from
     the client, receive the server's own spans over OTLP, write both into one trace with
@@ -81,7 +83,7 @@ def trace(
     Point the server's OTLP exporter at the receiver (for example vLLM:
     --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces; ttft serve: --otlp-endpoint).
     A server that exports nothing still gets the client's view: connect, network, TTFT."""
-    from ttft.collectors.live import TraceSpec, trace_server
+    from ttft.collectors.trace_run import TraceSpec, trace_server
 
     spec = TraceSpec(
         url=url, model=model, endpoint=endpoint, rate=rate, arrival=arrival,
@@ -115,43 +117,4 @@ def trace(
             f"[yellow]the server sent no spans to {run.receiver}: the analysis below is the "
             "client's view only (connect, network and the rest of TTFT)[/yellow]"
         )
-    _print_analysis(run.trace)
-
-
-def _print_analysis(path: Path) -> None:
-    from ttft.analysis.assemble import assemble
-    from ttft.analysis.attribution import attribute
-    from ttft.analysis.summary import summarize
-    from ttft.collectors.store import read_trace
-    from ttft.reports.terminal import render_analysis
-
-    asm = assemble(read_trace(path))
-    render_analysis(summarize(attribute(asm), asm, trace=str(path)), stdout_console())
-
-
-@app.command()
-def join(
-    client: Annotated[Path, typer.Argument(metavar="CLIENT", help="the client's trace")],
-    others: Annotated[
-        list[Path], typer.Argument(metavar="OTHER...", help="span files written elsewhere")
-    ],
-    out: Annotated[Path, typer.Option("-o", "--out", help="joined trace to write (.parquet)")],
-) -> None:
-    """Join a client trace (from ttft trace) with span files written elsewhere (another
-    receiver, a server's own trace) into one trace: spans join the client's requests by
-    trace id, else by the server's request id (for servers that drop trace context)."""
-    from ttft.collectors.join import join_traces
-    from ttft.collectors.store import TraceFileError
-
-    try:
-        report = join_traces(client, others, out)
-    except TraceFileError as exc:
-        raise fail(str(exc)) from None
-    except OSError as exc:
-        raise fail(f"{exc.filename or out}: {exc.strerror or exc}") from None
-    err.print(
-        f"wrote {out}: {report.client_rows:,} client rows; from the other files "
-        f"{report.by_trace_id:,} rows joined by trace id, {report.by_request_id:,} by request "
-        f"id, {report.unmatched:,} matched no client request (kept)"
-    )
-    _print_analysis(out)
+    print_summary(analyze_trace(out), as_json=as_json)

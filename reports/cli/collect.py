@@ -11,14 +11,14 @@ from typing import Annotated, Any
 
 import typer
 
-from ttft.reports._app import app, err, fail
+from ttft.reports.cli._app import app, err, fail
 
 _POLL_S = 0.2  # how often the wait loop wakes; bounds how late --duration stops
 
 
 def _trace_path(out: Path) -> Path:
     """A new trace file in ``out``: one per run, so runs into one directory accumulate and
-    ``read_trace(out)`` reads them all."""
+    ``read_spans(out)`` reads them all."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return out / f"collect-{stamp}-{os.getpid()}.parquet"
 
@@ -62,8 +62,8 @@ def collect(
     """Receive spans that OpenTelemetry SDKs export over OTLP (HTTP and gRPC) and write them
     as one ttft trace file in --out, until Ctrl-C, SIGTERM or --duration. While it runs, the
     spans so far are readable from the file's '.parts' directory."""
+    from ttft.collectors import TraceWriter
     from ttft.collectors.otlp_grpc import Collector
-    from ttft.collectors.store import TraceWriter
 
     if no_http and no_grpc:
         raise fail("--no-http and --no-grpc together leave nothing to listen on")

@@ -1,0 +1,5 @@
+"""``python -m ttft.reports.cli``: the ``ttft`` command."""
+
+from ttft.reports.cli import main
+
+main()

@@ -1,0 +1,148 @@
+"""The ``ttft`` Typer application and what every command shares: the error line, the
+spinner, the consoles and reading a trace with errors turned into that line.
+
+Commands live in ``reports/cli/<command>.py``; each decorates its function with
+``@app.command()`` and :mod:`ttft.reports.cli` imports them all, so adding a command never
+means editing a shared file. Shared option declarations live in
+:mod:`ttft.reports.cli._options`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ttft.analysis.pipeline import Analysis
+    from ttft.reports.regime_view import RegimeResult
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="ttft: where did the time to first token go? Trace, attribute, report.",
+    rich_markup_mode=None,
+)
+err = Console(stderr=True, highlight=False)
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one error line and return the exit (code 2) to raise."""
+    err.print(f"[bold red]error:[/bold red] {message}", soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+@contextmanager
+def progress(message: str):
+    """A spinner on stderr while ``message`` runs (only on a terminal)."""
+    if err.is_terminal:
+        with err.status(message):
+            yield
+    else:
+        yield
+
+
+def stdout_console() -> Console:
+    """A console for results on stdout (140 columns when not a terminal)."""
+    import sys
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+
+
+def load_trace(
+    path: Path, *, format: str | None = None, mapping: Path | None = None
+) -> tuple[pa.Table, dict[str, Any]]:
+    """:func:`ttft.collectors.read_spans` for a command: the span table of ``path`` with
+    stages mapped, and its run metadata.
+
+    Raises:
+        typer.Exit: code 2 after printing what was wrong with the file or the mapping.
+    """
+    from ttft.collectors import TraceFileError, read_spans, run_metadata
+
+    try:
+        with progress(f"reading {path}"):
+            table = read_spans(path, format=format, mapping=mapping)
+    except (TraceFileError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"{exc.filename or path}: {exc.strerror or exc}") from None
+    return table, run_metadata(table)
+
+
+def regime_of(
+    analysis: Analysis,
+    *,
+    model_config: Path | None = None,
+    peak_tflops: float | None = None,
+    peak_bandwidth_gbs: float | None = None,
+) -> RegimeResult:
+    """:func:`ttft.reports.regime_view.compute_regime` for a command, with the model config
+    read from the JSON file the user named.
+
+    Raises:
+        typer.Exit: code 2 when ``model_config`` cannot be read or is not a model config.
+    """
+    import json
+
+    from ttft.reports.regime_view import compute_regime
+
+    fields = None
+    if model_config is not None:
+        try:
+            fields = json.loads(model_config.read_text())
+        except OSError as exc:
+            raise fail(f"{model_config}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise fail(f"{model_config}: not JSON ({exc})") from None
+        if not isinstance(fields, dict):
+            raise fail(f"{model_config}: expected a JSON object of model config fields")
+    try:
+        with progress("computing the prefill regime"):
+            return compute_regime(
+                analysis.assembly,
+                analysis.metadata,
+                model_config=fields,
+                model_origin=str(model_config),
+                peak_tflops=peak_tflops,
+                peak_bandwidth_gbs=peak_bandwidth_gbs,
+            )
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+def analyze_trace(
+    path: Path,
+    *,
+    boundary: str | None = None,
+    policy: str = "exclusive",
+    format: str | None = None,
+    mapping: Path | None = None,
+) -> Analysis:
+    """Read ``path`` (:func:`load_trace`) and analyse it (:func:`ttft.analysis.analyze`).
+
+    Raises:
+        typer.Exit: code 2 after printing what was wrong with the file or the mapping.
+    """
+    from ttft.analysis.pipeline import analyze
+
+    table, _ = load_trace(path, format=format, mapping=mapping)
+    with progress(f"attributing {table.num_rows:,} spans"):
+        return analyze(table, boundary=boundary, policy=policy, trace=str(path))
+
+
+def print_summary(analysis: Analysis, *, as_json: bool = False) -> None:
+    """The analysis's summary on stdout: ``ttft analyze``'s tables, or its ``--json``."""
+    if as_json:
+        import sys
+
+        sys.stdout.write(analysis.summary.to_json() + "\n")
+        return
+    from ttft.reports.terminal import render_analysis
+
+    render_analysis(analysis.summary, stdout_console())

@@ -1,0 +1,107 @@
+"""``ttft analyze``: split every request's TTFT into stages and summarize them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ttft.reports.cli._app import (
+    analyze_trace,
+    app,
+    fail,
+    print_summary,
+    regime_of,
+    stdout_console,
+)
+from ttft.reports.cli._options import (
+    BoundaryOption,
+    FormatOption,
+    MappingOption,
+    ModelConfigOption,
+    PeakBandwidthOption,
+    PeakTflopsOption,
+    PolicyName,
+    PolicyOption,
+    RegimeFlag,
+    TraceArgument,
+)
+
+
+@app.command()
+def analyze(
+    trace: TraceArgument,
+    boundary: BoundaryOption = None,
+    policy: PolicyOption = PolicyName["exclusive"],
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    per_request: Annotated[
+        Path | None,
+        typer.Option(help="write one row per request and stage to this Parquet file"),
+    ] = None,
+    format: FormatOption = None,
+    mapping: MappingOption = None,
+    regime: RegimeFlag = False,
+    peak_tflops: PeakTflopsOption = None,
+    peak_bandwidth_gbs: PeakBandwidthOption = None,
+    model_config: ModelConfigOption = None,
+) -> None:
+    """Split every request's TTFT into stages that sum exactly to it, and summarize them
+    per stage and per condition (cold, prefix_hit), with the data-quality defects found;
+    with --regime, also whether each prefill chunk was compute- or memory-bound."""
+    analysis = analyze_trace(
+        trace,
+        boundary=boundary.value if boundary else None,
+        policy=policy.value,
+        format=format,
+        mapping=mapping,
+    )
+    if per_request is not None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        frame = analysis.attribution.per_request()
+        try:
+            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), per_request)
+        except OSError as exc:
+            raise fail(f"{per_request}: cannot write ({exc.strerror or exc})") from None
+    if not regime:
+        print_summary(analysis, as_json=as_json)
+        return
+    found = regime_of(
+        analysis,
+        model_config=model_config,
+        peak_tflops=peak_tflops,
+        peak_bandwidth_gbs=peak_bandwidth_gbs,
+    )
+    if as_json:
+        out = {**analysis.summary.to_dict(), "regime": _regime_json(found)}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    from ttft.reports.regime_view import render_regime
+
+    print_summary(analysis)
+    render_regime(
+        found.frame, found.summary, found.peaks, stdout_console(), device_name=found.device_name
+    )
+
+
+def _regime_json(found) -> dict:
+    """The ``regime`` key of ``analyze --json --regime``: the peaks used (or null) and the
+    summary rows (an empty list without a model shape); NaN becomes null."""
+    peaks = found.peaks
+    rows = [] if found.summary is None else json.loads(found.summary.to_json(orient="records"))
+    return {
+        "peaks": None
+        if peaks is None
+        else {
+            "flops_per_s": peaks.flops_per_s,
+            "bytes_per_s": peaks.bytes_per_s,
+            "device": peaks.device,
+            "source": peaks.source,
+        },
+        "model_known": found.frame is not None,
+        "rows": rows,
+    }

@@ -1,0 +1,115 @@
+"""``ttft compare`` in the terminal: per condition, TTFT and each stage of A and B, the
+delta with its bootstrap interval, marked worse or better when the interval excludes 0."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ttft.tracer.schema import CONDITIONS
+
+
+def render_compare(
+    table: pd.DataFrame,
+    paths: tuple[str, str],
+    boundary: str,
+    policy: str,
+    resamples: int,
+    seed: int,
+    attrs: list,
+    counts: list[pd.Series],
+    console: Console,
+    confidence: float,
+) -> None:
+    """Print `ttft.analysis.compare.compare`'s table: a table per condition (TTFT first,
+    then the stages either trace has at p99), the conditions only one trace has, and how
+    the intervals were made."""
+    n_a, n_b = (len(attr.requests) for attr in attrs)
+    console.print(
+        Text.assemble(
+            ("ttft compare ", "bold"),
+            ("A ", "bold"),
+            (paths[0], "bold cyan"),
+            ("  B ", "bold"),
+            (paths[1], "bold cyan"),
+            f"\nboundary={boundary}  policy={policy}  requests A={n_a:,} B={n_b:,}",
+        )
+    )
+    conditions = list(dict.fromkeys(table["condition"]))
+    for cond in conditions:
+        console.print(
+            _condition_table(table[table["condition"] == cond], cond, conditions, confidence)
+        )
+    for cond in CONDITIONS:
+        in_a, in_b = (int(c.get(cond, 0)) for c in counts)
+        if (in_a == 0) != (in_b == 0):
+            console.print(
+                Text(
+                    f"{cond}: not compared, only one trace has such requests "
+                    f"(A {in_a:,}, B {in_b:,})",
+                    style="yellow",
+                )
+            )
+    console.print(
+        Text(
+            f"Δ = B - A. CI: bootstrap percentile interval of Δ, {resamples:,} resamples of "
+            f"each trace's requests (seed {seed}); worse/better: the interval excludes 0. "
+            "Stages shown where either trace's p99 > 0.",
+            style="dim",
+        )
+    )
+
+
+def _condition_table(
+    rows: pd.DataFrame, cond: str, conditions: list[str], confidence: float
+) -> Table:
+    first = rows.iloc[0]
+    if cond == "all":
+        label = "all requests"
+        others = [c for c in conditions if c != "all"]
+        if len(others) > 1:
+            label += " (mixes " + " and ".join(others) + ")"
+    else:
+        label = cond
+    title = f"{label}: A {first['a_requests']:,} · B {first['b_requests']:,} requests"
+    out = Table(title=title, title_justify="left")
+    out.add_column("metric")
+    out.add_column("pct", justify="right")
+    for name in ("A ms", "B ms", "Δ ms", "Δ %"):
+        out.add_column(name, justify="right")
+    out.add_column(f"{confidence:.0%} CI of Δ ms", justify="center", no_wrap=True)
+    out.add_column("")
+    shown = rows[rows["percentile"] == 99].set_index("metric")
+    shown = shown.index[(shown["a_ms"] > 0) | (shown["b_ms"] > 0)]
+    ttft = rows[rows["metric"] == "ttft"]
+    stages = rows[(rows["metric"] != "ttft") & rows["metric"].isin(shown)]
+    for i, row in enumerate(ttft.itertuples(index=False)):
+        out.add_row(*_cells(row), style="bold", end_section=i == len(ttft) - 1)
+    for row in stages.itertuples(index=False):
+        out.add_row(*_cells(row))
+    return out
+
+
+def _cells(row: Any) -> list[str | Text]:
+    pct = "—" if math.isnan(row.delta_pct) else f"{row.delta_pct:+.1f}%"
+    if row.ci_lo_ms > 0:
+        marker = Text("worse", style="bold red")
+    elif row.ci_hi_ms < 0:
+        marker = Text("better", style="bold green")
+    else:
+        marker = Text("~", style="dim")
+    return [
+        "TTFT" if row.metric == "ttft" else row.metric,
+        f"p{row.percentile}",
+        f"{row.a_ms:,.2f}",
+        f"{row.b_ms:,.2f}",
+        f"{row.delta_ms:+,.2f}",
+        pct,
+        f"{row.ci_lo_ms:+,.2f} … {row.ci_hi_ms:+,.2f}",
+        marker,
+    ]

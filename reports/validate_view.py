@@ -1,0 +1,40 @@
+"""``ttft validate`` in the terminal: injected against recovered delay per stage."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ttft.reports.runs.validate import StageCheck, ValidateResult
+
+
+def _row(check: StageCheck, *, informational: bool = False) -> list[str]:
+    mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
+    if informational and not check.ok:
+        mark = "[yellow]~[/yellow]"
+    return [
+        check.stage,
+        f"{check.injected_ms:.1f}",
+        f"{check.recovered_ms:.2f}",
+        f"{check.error_ms:+.2f}",
+        f"±{check.tolerance_ms:.2f}",
+        f"{check.baseline_median_ms:.2f}",
+        f"{check.injected_median_ms:.2f}",
+        mark,
+    ]
+
+
+def render_validate(result: ValidateResult) -> Table:
+    """The injected-vs-recovered table (ms), the informational TTFT row last."""
+    table = Table(
+        title=f"injected vs recovered at the server boundary (median ms, exclusive; "
+        f"{result.injected.windows} requests)",
+        title_justify="left",
+    )
+    for name in ("stage", "injected", "recovered", "error", "tolerance", "baseline", "delayed"):
+        table.add_column(name, justify="left" if name == "stage" else "right")
+    table.add_column("ok", justify="center")
+    for check in result.stages:
+        table.add_row(*_row(check))
+    table.add_section()
+    table.add_row(*_row(result.ttft, informational=True))
+    return table
