@@ -3,6 +3,10 @@
 Every call is safe before ``configure`` (it records nothing) and after ``shutdown``
 (records are dropped and counted). None of them blocks or raises into the traced code
 because of tracing: the recorder queues, a background thread exports.
+
+Sampling is parent-based (``ttft.tracer.context``): a stage, record or event under a span
+that is not sampled (a request whose ``traceparent`` has flags ``00``) records nothing,
+and a link to such a span is not made.
 """
 
 from __future__ import annotations
@@ -141,7 +145,8 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
 
     Called on the traced thread: it reads a clock twice, sets a ``ContextVar`` and
     appends itself to the recorder's queue; it never blocks or raises. The recorder's
-    thread turns it into an OpenTelemetry span later.
+    thread turns it into an OpenTelemetry span later. Under a parent that is not sampled
+    it is not sampled either: it nests and registers as usual but is never queued.
     """
 
     __slots__ = (
@@ -177,10 +182,12 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
         self.parent = parent
         if parent is None:
             self.trace_id = ctx.new_trace_id()
+            self.sampled = True
             if rid is not None:
                 ctx.requests[rid] = self
         else:
             self.trace_id = parent.trace_id
+            self.sampled = parent.sampled
             if rid is not None and ctx.requests.get(rid) is parent:
                 ctx.requests[rid] = self  # the request's outermost open span
         self.span_id = next(_span_ids)
@@ -201,7 +208,7 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
         if exc_type is not None:
             self.attributes["error"] = exc_type.__name__
         recorder = _recorder
-        if recorder is not None:
+        if recorder is not None and self.sampled:
             recorder.add(self)
 
     def set(self, **attributes: Any) -> None:
@@ -257,7 +264,9 @@ def record(
         stage_name: the stage when it is not the name's.
 
     Returns:
-        The span (a parent for later spans). Never raises because of tracing.
+        The span (a parent for later spans). Never raises because of tracing. Under a
+        ``parent`` that is not sampled nothing is recorded and the span returned is not
+        sampled either.
     """
     if parent is None:
         parent, request_id = _parent_for(request_id)
@@ -265,7 +274,10 @@ def record(
         request_id = parent.request_id
     span = stage(name, request_id=request_id, **attributes)
     span.parent = parent
-    span.trace_id = parent.trace_id if parent is not None else ctx.new_trace_id()
+    if parent is None:
+        span.trace_id, span.sampled = ctx.new_trace_id(), True
+    else:
+        span.trace_id, span.sampled = parent.trace_id, parent.sampled
     span.span_id = next(_span_ids)
     span.remote = False
     span.start_ns = start_ns - _OFFSET_NS
@@ -273,7 +285,7 @@ def record(
     span.clock_name = clock
     span.stage_name = stage_name
     recorder = _recorder
-    if recorder is not None:
+    if recorder is not None and span.sampled:
         recorder.add(span)
     return span
 
@@ -299,12 +311,13 @@ def current_span() -> ctx.SpanRef | None:
 
 def link_step(step_span: stage, request_ids: Iterable[str]) -> None:
     """Link an engine-level ``step`` span to the requests it served (their outermost open
-    spans), and note their ids in its ``request_ids`` attribute."""
+    spans; a request that is not sampled gets no link), and note their ids in its
+    ``request_ids`` attribute."""
     ids = list(request_ids)
     links = step_span.links if step_span.links is not None else []
     for rid in ids:
         ref = ctx.requests.get(rid)
-        if ref is not None and ref.span_id:
+        if ref is not None and ref.span_id and ref.sampled:
             links.append((ref.trace_id, ref.span_id, {"request_id": rid}))
     step_span.links = links
     step_span.set(request_ids=ids)
@@ -314,14 +327,15 @@ def add_link(span: stage, target: ctx.SpanRef | None, **attributes: Any) -> bool
     """Link the open ``span`` to ``target`` (a span in another trace, e.g. a request an
     engine step serves), with the link's ``attributes``.
 
-    A ``target`` that is None or has no span (span id 0, a trace root such as
-    ``new_request_root`` gives) is not linked. Call before ``span`` ends: the recorder reads
-    its links then. Never raises because of tracing.
+    A ``target`` that is None, has no span (span id 0, a trace root such as
+    ``new_request_root`` gives) or is not sampled (nothing of its trace is recorded) is
+    not linked. Call before ``span`` ends: the recorder reads its links then. Never raises
+    because of tracing.
 
     Returns:
         Whether a link was added.
     """
-    if target is None or not target.span_id:
+    if target is None or not target.span_id or not target.sampled:
         return False
     if span.links is None:
         span.links = []

@@ -9,9 +9,12 @@
   Attributes ``method``, ``path``, ``http.status_code``, ``response_end_ns`` (when the
   last body chunk was handed over: the span's end), ``client_disconnected`` and
   ``tracestate`` when they apply.
-- ``stream``: a child of ``server``: the ``send`` of the first body chunk that carries a
-  token.
-- ``first_byte``: a point event, child of ``server``, at exactly the end of ``stream``.
+- ``first_byte``: a point event, child of ``server``: the first body chunk that carries a
+  token is handed to the transport, stamped just before its ``send`` is awaited (so it
+  never lies after the token's bytes are on the wire).
+- ``stream``: a child of ``server``: that ``send``, from the ``first_byte`` stamp until
+  the ``send`` returned. A ``send`` that raises leaves ``stream`` with ``error`` and no
+  ``first_byte`` (the chunk did not go out).
 
 A chunk carries a token when the response is ``2xx`` and either it is a server-sent
 event stream (``text/event-stream``) and the chunk completes an event whose ``data`` is
@@ -31,7 +34,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ttft.tracer.api import clock_ns, record, stage
-from ttft.tracer.context import parse_traceparent, request_context
+from ttft.tracer.context import request_context
 from ttft.tracer.schema import EV_FIRST_BYTE
 
 __all__ = ["TTFTMiddleware"]
@@ -204,15 +207,17 @@ class _Exchange:
         return bool(body)
 
     async def _send_first(self, message: Message) -> None:
-        start_ns = clock_ns()
+        # the token is handed over now, before the send awaits: the server's sends can
+        # put the bytes on the wire and the client can read them before the send returns
+        first_byte_ns = clock_ns()
         try:
             await self.send(message)
         except BaseException as exc:
-            record("stream", start_ns, clock_ns(), parent=self.server, error=type(exc).__name__)
+            end_ns = clock_ns()
+            record("stream", first_byte_ns, end_ns, parent=self.server, error=type(exc).__name__)
             raise
-        end_ns = clock_ns()
-        record("stream", start_ns, end_ns, parent=self.server)
-        record(EV_FIRST_BYTE, end_ns, end_ns, parent=self.server, stage_name="event")
+        record("stream", first_byte_ns, clock_ns(), parent=self.server)
+        record(EV_FIRST_BYTE, first_byte_ns, first_byte_ns, parent=self.server, stage_name="event")
 
 
 def _is_last(message: Message) -> bool:
@@ -234,8 +239,7 @@ class TTFTMiddleware:
         request_id_header: the request header whose value is the request id (lowercase
             compared); without it a fresh ``req-<16 hex>`` id is made.
         exclude_paths: paths passed through untraced (health checks, metric scrapes, model
-            lists and tokenizer calls: no inference requests). A request whose
-            ``traceparent`` says "not sampled" (flags ``00``) is passed through untraced too.
+            lists and tokenizer calls: no inference requests).
 
     Per request the middleware continues the incoming W3C ``traceparent`` (``tracestate``
     kept as an attribute) under ``ttft.tracer.request_context`` and opens the ``server``
@@ -244,6 +248,12 @@ class TTFTMiddleware:
     ``scope["state"]["request_id"]`` and ``scope["state"]["ttft_request_id"]`` for the
     application (e.g. as its response id). ``lifespan`` and ``websocket`` scopes pass
     through untouched.
+
+    A request whose ``traceparent`` says "not sampled" (flags ``00``; e.g. a load
+    generator's warm-up) gets its request id and a ``request_context`` that is not
+    sampled, but no ``server`` span and no watching of its response: the application's
+    stages, and the engine's spans of that request id on any thread, record nothing and
+    engine steps do not link to it (parent-based sampling).
 
     Failure rules: exceptions of the application and of the server's ``send``/``receive``
     propagate unchanged (the ``server`` span records ``error``); tracing itself never
@@ -282,12 +292,6 @@ class TTFTMiddleware:
                     request_id = bytes(value).decode("latin-1").strip() or None
         except Exception:
             pass  # malformed headers: trace as a request without context
-        parsed = parse_traceparent(traceparent)
-        if parsed is not None and not parsed[2]:
-            # the caller sampled this request out (W3C flags 00; e.g. a load generator's
-            # warm-up): parent-based sampling records nothing of it
-            await self.app(scope, receive, send)
-            return
         request_id = request_id or _new_request_id()
         try:
             state = scope.setdefault("state", {})
@@ -295,10 +299,17 @@ class TTFTMiddleware:
             state["ttft_request_id"] = request_id
         except Exception:
             pass  # a server's odd ``state``: the application just does not see the id
+        context = request_context(traceparent, request_id, tracestate)
+        if not context.ref.sampled:
+            # the caller sampled this request out: the context still binds the request id,
+            # so everything recorded for it (here or in the engine) is dropped, not rooted
+            # in a trace of its own
+            with context:
+                await self.app(scope, receive, send)
+            return
         attributes: dict[str, Any] = {"method": scope.get("method"), "path": scope.get("path")}
         if tracestate:
             attributes["tracestate"] = tracestate  # request_context keeps it on no span
-        context = request_context(traceparent, request_id, tracestate)
         with context, stage("server", **attributes) as server:
             exchange = _Exchange(server, receive, send)
             try:

@@ -4,6 +4,11 @@ A request's stages can run on its asyncio task and on the engine's worker thread
 one thread or task the current span lives in a ``ContextVar`` (copied into new asyncio
 tasks by asyncio itself); across threads a stage names its request (``request_id=``) and
 finds the request's outermost open span in a registry that ``request_context`` fills.
+
+Sampling is parent-based: a span inherits ``sampled`` from its parent, and the root of a
+request whose incoming ``traceparent`` says "not sampled" (W3C flags ``00``) is not
+sampled, so nothing under it is recorded or linked to, on any thread (DESIGN.md: a request
+whose context is not sampled leaves no spans anywhere).
 """
 
 from __future__ import annotations
@@ -34,13 +39,15 @@ def new_span_id() -> int:
 
 
 class SpanRef:
-    """What a child needs of its parent: ids, the request it belongs to, attributes.
+    """What a child needs of its parent: ids, the request it belongs to, attributes, and
+    whether it is sampled.
 
     Stage handles are SpanRefs themselves; a remote parent (from ``traceparent``) is one
-    too, with ``remote`` set.
+    too, with ``remote`` set. A span that is not ``sampled`` is never recorded, and neither
+    is any span under it.
     """
 
-    __slots__ = ("trace_id", "span_id", "request_id", "attributes", "remote")
+    __slots__ = ("trace_id", "span_id", "request_id", "attributes", "remote", "sampled")
 
     def __init__(
         self,
@@ -49,17 +56,19 @@ class SpanRef:
         request_id: str | None,
         attributes: dict[str, Any] | None = None,
         remote: bool = False,
+        sampled: bool = True,
     ) -> None:
         self.trace_id = trace_id
         self.span_id = span_id
         self.request_id = request_id
         self.attributes = attributes
         self.remote = remote
+        self.sampled = sampled
 
     @property
     def traceparent(self) -> str:
-        """This span as a W3C ``traceparent`` header value (sampled)."""
-        return format_traceparent(self.trace_id, self.span_id)
+        """This span as a W3C ``traceparent`` header value, with its sampled flag."""
+        return format_traceparent(self.trace_id, self.span_id, self.sampled)
 
 
 current: ContextVar[SpanRef | None] = ContextVar("ttft_current_span", default=None)
@@ -73,7 +82,11 @@ def request_parent(request_id: str) -> SpanRef | None:
     """The span a new stage of request ``request_id`` nests under, or None when the request
     has no open span: the current span of this thread or task when it belongs to that
     request, else the span registered for the request (its latest open stage, or its
-    ``request_context`` root), found from any thread. Never raises."""
+    ``request_context`` root), found from any thread. Never raises.
+
+    For a request whose context is not sampled the span is not sampled either: spans
+    recorded under it (``record(..., parent=...)``, stages nested in it) are dropped and
+    ``add_link`` to it links nothing, so a caller needs no check of its own."""
     cur = current.get()
     if cur is not None and cur.request_id == request_id:
         return cur
@@ -82,8 +95,9 @@ def request_parent(request_id: str) -> SpanRef | None:
 
 def new_request_root(request_id: str) -> SpanRef:
     """The root of a new trace for a request that has no open span (``request_parent`` is
-    None): a fresh trace id and no span of its own (span id 0), so the spans recorded under
-    it share one trace and are its top-level spans. Nothing is registered or recorded."""
+    None): a fresh, sampled trace id and no span of its own (span id 0), so the spans
+    recorded under it share one trace and are its top-level spans. Nothing is registered
+    or recorded."""
     return SpanRef(new_trace_id(), 0, request_id)
 
 
@@ -118,6 +132,11 @@ class request_context:  # noqa: N801 - used like a function: ``with request_cont
 
     The context manager yields the request's root :class:`SpanRef` (the remote parent,
     or a fresh trace with no parent span). Leaving it unregisters the request id.
+
+    A ``traceparent`` whose flags say "not sampled" (``00``) gives a root that is not
+    sampled: the request is registered as usual (so stages on other threads find it), but
+    nothing under it is recorded and no engine step links to it. An absent or invalid
+    ``traceparent`` starts a sampled trace.
     """
 
     __slots__ = ("ref", "_token", "request_id")
@@ -130,7 +149,8 @@ class request_context:  # noqa: N801 - used like a function: ``with request_cont
         if parsed is None:
             self.ref = SpanRef(new_trace_id(), 0, request_id, attributes)
         else:
-            self.ref = SpanRef(parsed[0], parsed[1], request_id, attributes, remote=True)
+            trace_id, span_id, sampled = parsed
+            self.ref = SpanRef(trace_id, span_id, request_id, attributes, True, sampled)
         self.request_id = request_id
         self._token = None
 

@@ -305,6 +305,7 @@ def test_spans_join_the_clients_trace_and_first_byte_is_the_first_content(live):
     assert len(by_name["stream"]) == 1 and len(by_name["first_byte"]) == 1
     stream, first_byte = by_name["stream"][0], by_name["first_byte"][0]
     first_sampled = by_name["first_sampled"][0]
-    assert first_byte.start_time == stream.end_time >= first_sampled.start_time
+    # stamped before the token's send: the stream span (the send) starts there
+    assert first_byte.start_time == stream.start_time >= first_sampled.start_time
     # the role-only chunk went out before any token existed: first_byte is a content chunk
     assert any(ch.choices and ch.choices[0].delta.content for ch in chunks)

@@ -114,6 +114,43 @@ def test_engine_thread_stages_join_the_request_by_id(collect):
     assert step.attributes["request_ids"] == ("r2", "unknown")
 
 
+def test_a_request_not_sampled_records_nothing_and_gets_no_link(collect):
+    exporter, tracing = collect
+    unsampled = PARENT[:-2] + "00"
+    sampled = f"00-{'1' * 32}-{'2' * 16}-01"
+
+    def engine(request_id: str) -> None:
+        parent = tt.request_parent(request_id)
+        with tt.stage("queue", request_id=request_id):
+            pass
+        chunk = tt.record("prefill", 1, 2, parent=parent)
+        tt.record("prefill.chunk", 1, 2, parent=chunk)
+        with tt.stage("step") as step:
+            tt.link_step(step, [request_id])
+            linked = [tt.add_link(step, ref) for ref in (parent, chunk, tt.request_parent("r4"))]
+        assert linked == [False, False, True]
+
+    with tt.request_context(unsampled, "r3") as root:
+        assert not root.sampled and root.traceparent == unsampled  # propagated as it came
+        with tt.stage("server") as server:
+            assert not server.sampled and not tt.request_parent("r3").sampled
+            with tt.stage("tokenize"):
+                tt.event("first_byte")
+            with tt.request_context(sampled, "r4"):  # a sampled request meanwhile
+                worker = threading.Thread(target=engine, args=("r3",))
+                worker.start()
+                worker.join()
+    assert tt.new_request_root("r5").sampled
+    tracing.flush()
+    (step,) = exporter.spans  # the engine's own span only
+    assert step.name == "step"
+    assert [(link.context.trace_id, link.context.span_id) for link in step.links] == [
+        (int("1" * 32, 16), int("2" * 16, 16))  # r4's
+    ]
+    assert step.attributes["request_ids"] == ("r3",)
+    assert tracing.recorder.result().dropped == 0  # not sampled is not dropped: never queued
+
+
 def test_context_follows_asyncio_tasks(collect):
     exporter, tracing = collect
 

@@ -233,10 +233,13 @@ def check_tree(found: dict[str, pd.Series], names: list[str], trace_id: str = TR
 
 
 def check_first_byte(found: dict[str, pd.Series]) -> None:
+    """``first_byte`` is stamped before the token's send: ``stream`` (the send) starts
+    there."""
     stream, first_byte = found["stream"], found["first_byte"]
     assert stream["stage"] == "stream"
     assert first_byte["stage"] == "event"
-    assert first_byte["start_ns"] == first_byte["end_ns"] == stream["end_ns"]
+    assert first_byte["start_ns"] == first_byte["end_ns"] == stream["start_ns"]
+    assert stream["end_ns"] >= stream["start_ns"]
 
 
 # -- over HTTP: in-process and loopback ----------------------------------------------------
@@ -362,9 +365,11 @@ def test_client_disconnect_is_recorded(traced, live_url):
 # -- SSE rules, through a bare ASGI application ----------------------------------------------
 def run_bare(status: int, headers: list[tuple[bytes, bytes]], chunks: list[bytes], rid: str):
     """Send a response chunk by chunk through the middleware; returns each chunk's
-    ``(before, after)`` send times and the messages the server received."""
+    ``(before, after)`` send times, the messages the server received and when the server
+    got each of them (before it wrote anything)."""
     times: list[tuple[int, int]] = []
     sent: list[dict] = []
+    handed_ns: list[int] = []
 
     async def app(scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -378,6 +383,7 @@ def run_bare(status: int, headers: list[tuple[bytes, bytes]], chunks: list[bytes
         return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message) -> None:
+        handed_ns.append(tt.clock_ns())
         sent.append(message)
         await asyncio.sleep(0.001)
 
@@ -389,7 +395,7 @@ def run_bare(status: int, headers: list[tuple[bytes, bytes]], chunks: list[bytes
     }
     asyncio.run(TTFTMiddleware(app)(scope, receive, send))
     assert scope["state"] == {"request_id": rid, "ttft_request_id": rid}
-    return times, sent
+    return times, sent, handed_ns
 
 
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
@@ -430,7 +436,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_which_chunk_carries_the_first_token(traced, case):
     status, headers, chunks, expected = CASES[case]
-    times, sent = run_bare(status, headers, chunks, "req-bare")
+    times, sent, handed_ns = run_bare(status, headers, chunks, "req-bare")
     assert [m.get("body") for m in sent[1:]] == [*chunks, b""]  # the server got it all
     found = spans(traced.rows(), "req-bare")
     if expected is None:
@@ -442,11 +448,35 @@ def test_which_chunk_carries_the_first_token(traced, case):
     start_ns, end_ns = stream["start_ns"], stream["end_ns"]
     carried = [i for i, (a, b) in enumerate(times) if a <= start_ns <= end_ns <= b]
     assert carried == [expected]
+    # stamped before the server's send got the chunk; the stream span covers that send
+    assert start_ns == found["first_byte"]["start_ns"] <= handed_ns[1 + expected] <= end_ns
+
+
+def test_a_send_that_raises_leaves_a_stream_span_and_no_first_byte(traced):
+    async def app(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        await send({"type": "http.response.body", "body": TEXT, "more_body": True})
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message) -> None:
+        if message["type"] == "http.response.body":
+            raise OSError("the client went away")  # ASGI 2.4
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions",
+             "headers": [(b"x-request-id", b"req-gone")]}
+    with pytest.raises(OSError):
+        asyncio.run(TTFTMiddleware(app)(scope, receive, send))
+    found = spans(traced.rows(), "req-gone")
+    assert sorted(found) == ["server", "stream"]
+    assert found["stream"]["attributes"] == {"error": "OSError"}
+    assert found["server"]["attributes"]["client_disconnected"] is True
 
 
 def test_tracing_failure_does_not_break_the_response(traced):
     odd_headers = [(b"content-type",)]  # not (name, value) pairs: parsing them fails
-    times, sent = run_bare(200, odd_headers, [TEXT], "req-odd")  # type: ignore[arg-type]
+    times, sent, _ = run_bare(200, odd_headers, [TEXT], "req-odd")  # type: ignore[arg-type]
     assert [m["type"] for m in sent] == ["http.response.start"] + ["http.response.body"] * 2
     found = spans(traced.rows(), "req-odd")
     assert sorted(found) == ["server"]
@@ -479,7 +509,16 @@ def test_lifespan_and_websocket_pass_through_untouched():
 
 
 def test_non_inference_paths_and_unsampled_requests_are_not_traced(tmp_path):
+    seen_ids = []
+
     async def app(scope, receive, send):
+        rid = scope.get("state", {}).get("ttft_request_id")
+        if rid is not None:  # traced paths only: the application's stages, and an engine
+            seen_ids.append(rid)  # thread's spans of this request id, follow its sampling
+            with tt.stage("tokenize"):
+                worker = threading.Thread(target=lambda: tt.record("queue", 1, 2, request_id=rid))
+                worker.start()
+                worker.join()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
@@ -505,3 +544,9 @@ def test_non_inference_paths_and_unsampled_requests_are_not_traced(tmp_path):
     servers = rows[rows.name == "server"]
     assert [json.loads(a)["path"] for a in servers.attributes] == ["/v1/completions"]
     assert list(servers.trace_id) == ["ab" * 16]
+    # the not-sampled request had its id, yet left no row: only the sampled one did
+    unsampled_id, sampled_id = seen_ids
+    assert unsampled_id and sampled_id and unsampled_id != sampled_id
+    assert set(rows.request_id) == {sampled_id}
+    assert sorted(rows.name) == ["first_byte", "queue", "server", "stream", "tokenize"]
+    assert set(rows.trace_id) == {"ab" * 16}
