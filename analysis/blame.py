@@ -1,12 +1,15 @@
 """Blame: what the engine was executing while a request waited (DESIGN.md, "Attribution").
 
 A request is a request of the assembly (``analysis.assemble``: traces sharing a
-``request_id`` are one request). Its waits are its ``queue`` spans and the gaps between its
+``request_id`` are one request). Its waits are its ``queue`` spans (waiting for admission),
+its ``batch_wait`` spans (admitted, waiting for its first chunk: other requests' admission
+and the chunks that run before its own in the step that carries it) and the gaps between its
 consecutive ``prefill.chunk`` spans. Each wait is split by the engine's ``step`` spans on
 the same ``(service, clock)``: the part of a step that overlaps the wait goes to ``prefill``
 and ``decode`` in proportion to the step's ``prefill_tokens`` (less this request's own
 ``chunk_tokens`` in that step, matched by ``step_id``) and ``decode_tokens``; a step whose
-split is not known goes to ``unknown``; wait time under no step is ``idle``.
+split is not known goes to ``unknown``; wait time under no step is ``idle`` (the engine had
+nothing to run, or was between steps: planning and admitting requests).
 
 Vectorized over waits: steps are sorted per ``(service, clock)`` and each step's end is
 clipped to the next step's start (overlapping steps never count twice), so a wait's steps
@@ -30,8 +33,11 @@ from ttft.tracer.schema import (
     ATTR_STEP_ID,
 )
 
-WAITS = ("queue", "between_chunks")
-"""The waits blame splits: ``queue`` spans, and gaps between a request's prefill chunks."""
+SPAN_WAITS = ("queue", "batch_wait")
+"""The waits that are spans of their own stage."""
+WAITS = (*SPAN_WAITS, "between_chunks")
+"""The waits blame splits: ``queue`` and ``batch_wait`` spans, and gaps between a request's
+prefill chunks."""
 KINDS = ("prefill", "decode", "unknown", "idle")
 """What the engine was doing during a wait; the frame of `blame` has a ``<kind>_ns`` each."""
 COLUMNS = ("trace_id", "request_id", "condition", "wait", "wait_ns", *(f"{k}_ns" for k in KINDS))
@@ -72,8 +78,9 @@ def blame(asm: Assembly) -> pd.DataFrame:
     attrs = rows.table.column("attributes")
     steps = _Steps(attrs, rows.of("step"), start, end, group, rows.service)
     chunk_rows = rows.of("prefill.chunk", requests_only=True)
+    span_rows = [rows.of(w, requests_only=True) for w in SPAN_WAITS]
     iv_req, iv_wait, iv_a, iv_b, iv_group = _intervals(
-        rows.of("queue", requests_only=True), chunk_rows, rows.req, start, end, group
+        span_rows, chunk_rows, rows.req, start, end, group
     )
     if len(iv_req) == 0:
         return _empty(COLUMNS)
@@ -247,15 +254,18 @@ def _split(ov_ns, prefill, decode, own) -> tuple[np.ndarray, np.ndarray, np.ndar
     return pre, np.where(known, ov_ns - pre, 0), np.where(known, 0, ov_ns)
 
 
-def _intervals(queue_rows, chunk_rows, req, start, end, group):
+def _intervals(span_rows, chunk_rows, req, start, end, group):
     """Waits as arrays (request, wait index, a, b, group), each with ``b > a``.
 
-    Gaps are taken between consecutive chunks of one request on one (service, clock),
-    sorted by start, from the latest chunk end so far (overlapping chunks leave no gap).
+    ``span_rows`` holds the rows of each of `SPAN_WAITS`, in order. Gaps are taken between
+    consecutive chunks of one request on one (service, clock), sorted by start, from the
+    latest chunk end so far (overlapping chunks leave no gap).
     """
-    q_a, q_b = start[queue_rows], end[queue_rows]
-    keep = q_b > q_a
-    out = [(req[queue_rows][keep], 0, q_a[keep], q_b[keep], group[queue_rows][keep])]
+    out = []
+    for wait, rows in enumerate(span_rows):
+        a, b = start[rows], end[rows]
+        keep = b > a
+        out.append((req[rows][keep], wait, a[keep], b[keep], group[rows][keep]))
     if len(chunk_rows) > 1:
         key = req[chunk_rows].astype(np.int64) * (int(group.max()) + 1) + group[chunk_rows]
         order = np.lexsort((start[chunk_rows], key))
@@ -263,7 +273,8 @@ def _intervals(queue_rows, chunk_rows, req, start, end, group):
         reach = pd.Series(end[rows]).groupby(key).cummax().to_numpy()
         a, b = reach[:-1], start[rows[1:]]
         keep = (key[1:] == key[:-1]) & (b > a)
-        out.append((req[rows[:-1]][keep], 1, a[keep], b[keep], group[rows[:-1]][keep]))
+        gap = len(SPAN_WAITS)
+        out.append((req[rows[:-1]][keep], gap, a[keep], b[keep], group[rows[:-1]][keep]))
     cat = [np.concatenate([np.broadcast_to(o[j], len(o[0])) for o in out]) for j in range(5)]
     return tuple(c.astype(np.int64) for c in cat)
 

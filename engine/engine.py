@@ -21,7 +21,6 @@ with a ``forward`` span per model call from ``instrument_module``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import threading
@@ -30,13 +29,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from ttft.engine.config import EngineConfig
 from ttft.engine.faults import async_sleep_for, delay_ns, merge_delays, sleep_for
 from ttft.engine.kv_cache import PagedKVCache
 from ttft.engine.model import Transformer, decode_step, prefill_chunk
-from ttft.engine.peaks import record_engine_info
+from ttft.engine.peaks import engine_metadata, record_engine_info
 from ttft.engine.policy import StepPlan, Waiting, plan_step
 from ttft.engine.prefix_cache import PrefixCache
 from ttft.engine.reservation import Reservations
@@ -44,6 +41,7 @@ from ttft.engine.sampler import SamplingParams, make_generator, sample, sample_b
 from ttft.engine.spans import (
     link_served,
     note_chunk,
+    record_batch_wait,
     record_prefill,
     record_queue,
     record_sample,
@@ -101,23 +99,9 @@ class Engine:
         self.device_info: dict[str, Any] | None = None
 
     def run_metadata(self) -> dict[str, Any]:
-        """What a trace file should record about this engine (DESIGN.md: run metadata):
-        device and its name, dtype, the model and engine configurations, torch version."""
-        param = next(self.model.parameters())
-        device = param.device
-        return {
-            "engine": {
-                "device": str(device),
-                "device_name": torch.cuda.get_device_name(device)
-                if device.type == "cuda"
-                else "cpu",
-                "dtype": str(param.dtype).removeprefix("torch."),
-                "model": dataclasses.asdict(self.model.config),
-                "config": dataclasses.asdict(self.config),
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-            }
-        }
+        """What a trace file should record about this engine (DESIGN.md: run metadata),
+        under ``engine``: ``ttft.engine.peaks.engine_metadata``."""
+        return {"engine": engine_metadata(self.model, self.config)}
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -203,19 +187,23 @@ class Engine:
         t0_ns = clock_ns()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         await async_sleep_for(delays, "tokenize")
-        record("tokenize", t0_ns, clock_ns(), request_id=rid, parent=parent, prompt_tokens=len(ids))
-        self._validate(ids, max_tokens)
-
-        params = sampling or SamplingParams()
-        loop = asyncio.get_running_loop()
-        req = RequestState(rid, ids, max_tokens, params, delays, parent, loop, asyncio.Queue())
-        req.generator = make_generator(params, self.model.device)
+        try:  # tokenize ends where the queue begins: the checks and the state are its part
+            self._validate(ids, max_tokens)
+            params = sampling or SamplingParams()
+            loop = asyncio.get_running_loop()
+            req = RequestState(rid, ids, max_tokens, params, delays, parent, loop, asyncio.Queue())
+            req.generator = make_generator(params, self.model.device)
+        finally:
+            ready_ns = clock_ns()
+            record(
+                "tokenize", t0_ns, ready_ns, request_id=rid, parent=parent, prompt_tokens=len(ids)
+            )
         with self._lock:
             if len(self._waiting) >= self.config.max_queue:
                 raise QueueFull(
                     f"waiting queue full ({self.config.max_queue} requests); retry later"
                 )
-            req.arrival_ns = clock_ns()
+            req.arrival_ns = ready_ns
             req.eligible_ns = req.arrival_ns + delay_ns(delays, "queue")
             self._waiting.append(req)
         self._wake.set()
@@ -357,16 +345,17 @@ class Engine:
         chunk = req.prompt_ids[req.computed : req.computed + n]
         logits = prefill_chunk(self.model, self.cache, req.seq, chunk)  # (V,)
         req.computed += n
-        note_chunk(req, t0_ns, n, step_id)
+        end_ns = note_chunk(req, t0_ns, n, step_id)
+        record_batch_wait(req, t0_ns, step_id=step_id)  # its first chunk: the wait ends
         if req.computed < len(req.prompt_ids):
             return
         record_prefill(req)
-        self.prefix_cache.insert(req.prompt_ids, req.seq)
-        t0_ns = clock_ns()
-        token = sample(logits, req.params, req.generator)
+        token = sample(logits, req.params, req.generator)  # sampling begins at the logits
         sleep_for(req.delays_ms, "sample")
-        record_sample(req, t0_ns, clock_ns(), token)
-        self._emit(req, token)
+        record_sample(req, end_ns, clock_ns(), token)
+        self._emit(req, token)  # the first token goes out before the cache bookkeeping
+        if req.seq is not None:  # still running (a finished one inserted its whole sequence)
+            self.prefix_cache.insert(req.prompt_ids, req.seq)
 
     def _emit(self, req: RequestState, token: int) -> None:
         req.out_ids.append(token)
@@ -384,6 +373,7 @@ class Engine:
     def _drop(self, req: RequestState, error: BaseException | None) -> None:
         """Free ``req``'s K/V now and forget it; tell its stream ``error`` if any."""
         if req.seq is not None:
+            record_batch_wait(req, clock_ns(), dropped=True)
             record_prefill(req)
             self.cache.free(req.seq)
             req.seq = None

@@ -8,6 +8,9 @@ trace. They are what this process can reach with torch, not datasheet peaks: a l
 bound of the hardware's, and the fair reference for the engine's own kernels.
 
 ``TTFT_SKIP_PEAKS=1`` in the environment turns the measurement off everywhere.
+
+Also what a trace says about the engine beside them: its run metadata
+(``engine_metadata``) and its ``engine_info`` event (``record_engine_info``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,14 @@ import torch
 
 from ttft.tracer import clock_ns, record, stats
 
-__all__ = ["SKIP_ENV", "cached_peaks", "device_name", "measure_peaks", "record_engine_info"]
+__all__ = [
+    "SKIP_ENV",
+    "cached_peaks",
+    "device_name",
+    "engine_metadata",
+    "measure_peaks",
+    "record_engine_info",
+]
 
 log = logging.getLogger(__name__)
 SKIP_ENV = "TTFT_SKIP_PEAKS"
@@ -180,6 +190,24 @@ def _cached(device: str, budget_s: float) -> tuple[tuple[str, Any], ...]:
 def cached_peaks(device: str | torch.device, budget_s: float = 0.3) -> dict[str, Any]:
     """`measure_peaks`, once per process and device (engines started again reuse it)."""
     return dict(_cached(str(torch.device(device)), budget_s))
+
+
+def engine_metadata(model: torch.nn.Module, config: object) -> dict[str, Any]:
+    """What a trace file records about an engine (its run metadata's ``engine``): the
+    model's ``device`` and ``device_name`` (``cpu`` on the CPU), ``dtype``, the model's
+    configuration (``model``), the engine's (``config``, a dataclass), torch's version and
+    thread count."""
+    param = next(model.parameters())
+    dev = param.device
+    return {
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "dtype": str(param.dtype).removeprefix("torch."),
+        "model": dataclasses.asdict(model.config),
+        "config": dataclasses.asdict(config),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def record_engine_info(model: torch.nn.Module, measure: bool | None = None) -> dict[str, Any]:

@@ -1,12 +1,19 @@
 """The spans the engine records (DESIGN.md, "Stages"), all on the host clock.
 
-Per request: ``tokenize`` and ``detokenize`` (of the first token) on the asyncio side;
-``queue``, ``schedule``, ``prefill`` with its ``prefill.chunk`` children, ``sample`` (of
-the first token) and the ``first_sampled`` event from the worker thread, recorded here
-with explicit times (``clock_ns()``) under the span the request's spans nest under
-(``RequestState.parent``: the request's span that was current, or registered by
-``request_context``, when it was submitted). Engine level: one ``step`` span per
-iteration in the engine's own trace, linked to the requests it served (``link_served``).
+Per request: ``tokenize``, and ``deliver`` and ``detokenize`` of the first token
+(``ttft.engine.stream``), on the asyncio side; ``queue``, ``schedule``, ``batch_wait``,
+``prefill`` with its ``prefill.chunk`` children, ``sample`` (of the first token) and the
+``first_sampled`` event from the worker thread, recorded here with explicit times
+(``clock_ns()``) under the span the request's spans nest under (``RequestState.parent``:
+the request's span that was current, or registered by ``request_context``, when it was
+submitted). Engine level: one ``step`` span per iteration in the engine's own trace, linked
+to the requests it served (``link_served``).
+
+The request's spans up to ``first_sampled`` tile its time without a gap: ``tokenize`` ends
+where ``queue`` begins, ``queue`` where ``schedule`` begins, ``schedule`` where
+``batch_wait`` begins, ``batch_wait`` where the first ``prefill.chunk`` begins, the
+``prefill`` envelope holds the gaps between chunks, and ``sample`` begins where the last
+chunk ends.
 
 Like every tracer call, these never block or raise because of tracing.
 """
@@ -21,6 +28,7 @@ from ttft.tracer.context import request_parent
 __all__ = [
     "link_served",
     "note_chunk",
+    "record_batch_wait",
     "record_prefill",
     "record_queue",
     "record_sample",
@@ -38,29 +46,48 @@ def record_queue(req: RequestState, end_ns: int, **attributes: object) -> SpanRe
 
 def record_schedule(req: RequestState, t0_ns: int) -> None:
     """The ``schedule`` span of an admitted request: from ``t0_ns`` (when the admission
-    work for it began, also the end of its ``queue`` span) to now."""
+    work for it began, also the end of its ``queue`` span) to now, where its
+    ``batch_wait`` begins (``req.scheduled_ns``)."""
+    end_ns = clock_ns()
     record(
         "schedule",
         t0_ns,
-        clock_ns(),
+        end_ns,
         request_id=req.rid,
         parent=req.parent,
         prompt_tokens=len(req.prompt_ids),
         cached_tokens=req.cached_tokens,
     )
+    req.scheduled_ns = end_ns
 
 
-def note_chunk(req: RequestState, t0_ns: int, chunk_tokens: int, step_id: int) -> None:
+def record_batch_wait(req: RequestState, end_ns: int, **attributes: object) -> None:
+    """The ``batch_wait`` span, once: from the end of the request's ``schedule`` to
+    ``end_ns`` (the start of its first prefill chunk, with that step's ``step_id``; or
+    when it was dropped before one, with ``dropped=True``). Nothing when it was recorded
+    already or the request was never admitted."""
+    if not req.scheduled_ns:
+        return
+    record(
+        "batch_wait", req.scheduled_ns, end_ns, request_id=req.rid, parent=req.parent,
+        **attributes,
+    )
+    req.scheduled_ns = 0
+
+
+def note_chunk(req: RequestState, t0_ns: int, chunk_tokens: int, step_id: int) -> int:
     """Remember a prefill chunk that began at ``t0_ns`` and ends now, with the
     ``prefill.chunk`` attributes (step id, chunk tokens, cached tokens, context length
-    after it), for ``record_prefill``."""
+    after it), for ``record_prefill``. Returns its end (``clock_ns()``)."""
     attrs = dict(
         step_id=step_id,
         chunk_tokens=chunk_tokens,
         cached_tokens=req.cached_tokens,
         context_tokens=req.seq.length if req.seq is not None else 0,
     )
-    req.chunks.append((t0_ns, clock_ns(), attrs))
+    end_ns = clock_ns()
+    req.chunks.append((t0_ns, end_ns, attrs))
+    return end_ns
 
 
 def record_prefill(req: RequestState) -> None:
@@ -83,9 +110,11 @@ def record_prefill(req: RequestState) -> None:
 
 
 def record_sample(req: RequestState, t0_ns: int, t1_ns: int, token: int) -> None:
-    """The ``sample`` span of the first token and the ``first_sampled`` event at its end."""
+    """The ``sample`` span of the first token and the ``first_sampled`` event at its end
+    (``req.sampled_ns``, where the token's ``deliver`` to the event loop begins)."""
     ref = record("sample", t0_ns, t1_ns, request_id=req.rid, parent=req.parent, token_id=token)
     record("first_sampled", t1_ns, t1_ns, request_id=req.rid, parent=ref, stage_name="event")
+    req.sampled_ns = t1_ns
 
 
 def link_served(span: stage, reqs: list[RequestState]) -> None:

@@ -5,6 +5,11 @@ Threading: the engine's worker thread writes a request's state and hands each sa
 token to the request's ``asyncio.Queue`` with ``loop.call_soon_threadsafe``; the stream
 reads that queue on the request's event loop and detokenizes there. Cancelling only sets
 a flag and wakes the worker, which frees the request's K/V at its next iteration.
+
+Tracing (the first token only): ``deliver`` from the ``first_sampled`` time to the moment
+the stream took the token off its queue (the token id waiting for the event loop), then
+``detokenize`` from there until its text exists; the event's ``text_ns`` is that end, where
+the server's ``holdback`` or ``deliver`` of the text begins.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class TokenEvent:
     Attributes:
         text: the new text; empty while a multi-byte character is still incomplete.
         finish_reason: ``"stop"`` (EOS), ``"length"`` (``max_tokens``) or None.
+        text_ns: ``clock_ns()`` when ``text`` was decoded (for the first token: the end of
+            its ``detokenize`` span); 0 when not known.
     """
 
     token_id: int
@@ -46,6 +53,7 @@ class TokenEvent:
     finished: bool
     finish_reason: str | None
     usage: Usage
+    text_ns: int = 0
 
 
 @dataclass(eq=False)
@@ -57,6 +65,9 @@ class RequestState:
         parent: the span its request-level spans nest under.
         arrival_ns, eligible_ns, admitted_ns: ``clock_ns()`` times it entered the waiting
             queue, may be admitted (after an injected queue delay), was admitted (0 before).
+        scheduled_ns: when its admission work ended (its ``batch_wait`` begins); 0 before
+            admission and once its ``batch_wait`` is recorded.
+        sampled_ns: when its first token id was sampled (``first_sampled``); 0 before.
         queue_ref: its ``queue`` span, once admitted (an engine step links to it when the
             request has no open span).
         computed: prompt positions whose K/V is in ``seq``.
@@ -75,6 +86,8 @@ class RequestState:
     arrival_ns: int = 0
     eligible_ns: int = 0
     admitted_ns: int = 0
+    scheduled_ns: int = 0
+    sampled_ns: int = 0
     generator: torch.Generator | None = None
     seq: Seq | None = None
     queue_ref: SpanRef | None = None
@@ -109,6 +122,11 @@ class RequestStream:
     @property
     def request_id(self) -> str:
         return self._req.rid
+
+    @property
+    def parent(self) -> SpanRef:
+        """The span the request's spans nest under (``RequestState.parent``)."""
+        return self._req.parent
 
     @property
     def queue_seconds(self) -> float | None:
@@ -147,11 +165,24 @@ class RequestStream:
             text, self._text = full[len(self._text) :], full
         if len(ids) == 1:
             await async_sleep_for(req.delays_ms, "detokenize")
-            record("detokenize", t0_ns, clock_ns(), request_id=req.rid, parent=req.parent)
+        text_ns = clock_ns()
+        if len(ids) == 1:
+            self._trace_first(t0_ns, text_ns)
         if finished:
             self._done = True
         usage = Usage(len(req.prompt_ids), len(ids), cached)
-        return TokenEvent(token_id, text, finished, reason, usage)
+        return TokenEvent(token_id, text, finished, reason, usage, text_ns)
+
+    def _trace_first(self, t0_ns: int, text_ns: int) -> None:
+        """``deliver`` (the first token id waiting for this event loop, from
+        ``first_sampled`` to ``t0_ns``) and ``detokenize`` (``t0_ns`` to ``text_ns``)."""
+        req = self._req
+        if req.sampled_ns:
+            record(
+                "deliver", req.sampled_ns, t0_ns, request_id=req.rid, parent=req.parent,
+                leg="to_loop",
+            )
+        record("detokenize", t0_ns, text_ns, request_id=req.rid, parent=req.parent)
 
     def cancel(self) -> None:
         """Cancel the request (idempotent; nothing happens once it finished)."""

@@ -214,7 +214,7 @@ def blame(data: ReportData) -> go.Figure | None:
     fig.update_layout(
         _LAYOUT,
         barmode="stack",
-        title="Queue blame: what the engine executed while requests waited (mean ms per request)",
+        title="Wait blame: what the engine executed while requests waited (mean ms per request)",
         xaxis_title="mean wait per request (ms)",
         yaxis=dict(autorange="reversed"),
         height=max(300, 110 + 40 * len(labels)),

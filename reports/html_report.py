@@ -45,6 +45,7 @@ th:first-child, td:first-child { text-align: left; }
 td.text { text-align: left; } tr.total td { font-weight: 700; border-top: 2px solid #9aa5b1; }
 .note { color: #52606d; font-size: 13px; margin: 6px 0 0; }
 .ok { color: #2f8132; } .warn { color: #b44d12; }
+.failures { color: #b3261e; font-weight: 600; margin-bottom: 4px; }
 pre { background: #fff; padding: 12px; border-radius: 8px; overflow-x: auto; font-size: 12px; }
 """
 
@@ -81,12 +82,26 @@ def _headline(data: ReportData) -> str:
         )
         cards.append(
             f'<div class="card"><h3>{_e(data.group_label[group])}</h3>'
+            f"{_failures(part['failures'], int(mask.sum()))}"
             f'<div><span class="big">{_ms(ttft["p50"])}</span> <span class="unit">ms TTFT '
-            f"p50 · {int(mask.sum()):,} requests</span></div>"
+            f"p50 · {int(mask.sum()):,} ok requests</span></div>"
             f'<div class="pcts"><span>p90 <b>{_ms(ttft["p90"])}</b> ms</span>'
             f"<span>p99 <b>{_ms(ttft['p99'])}</b> ms</span></div>{big}</div>"
         )
     return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _failures(failures: dict[str, int], ok: int) -> str:
+    """A headline's failure line (first, in red): count and share of each kind."""
+    failed = sum(failures.values())
+    if not failed:
+        return '<div class="ok">no failed requests</div>'
+    total = failed + ok
+    kinds = ", ".join(f"{_e(kind)} {n:,}" for kind, n in failures.items())
+    return (
+        f'<div class="failures">{failed:,} of {total:,} requests failed '
+        f"({failed / total:.1%}): {kinds}</div>"
+    )
 
 
 def _raw_table(data: ReportData) -> str:
@@ -228,7 +243,7 @@ def render_html(data: ReportData) -> str:
         '<p class="note">Bars: solid = client clock, hatched = server host clock, crossed = '
         "GPU clock; overlapping spans of a clock sit on separate lanes. Dotted red lines mark "
         "the boundary events, the shaded band the TTFT window.</p>",
-        "<h2>Queue blame</h2>",
+        "<h2>Wait blame</h2>",
         _figure(
             _figures.blame(data),
             "blame",

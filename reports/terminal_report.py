@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ttft.reports._colours import colour
 from ttft.reports.report_data import ReportData
-from ttft.reports.terminal import render_quality, stage_table
+from ttft.reports.terminal import render_failures, render_quality, stage_table
 from ttft.tracer.schema import STAGE_NAMES
 
 _BAR_CHARS = 48
@@ -43,10 +43,10 @@ def _legend(stages: set[str]) -> Text:
 
 def _headline(data: ReportData) -> Table:
     table = Table(title="headline", title_justify="left")
-    for name in ("requests", "TTFT p50 ms", "p90 ms", "p99 ms"):
+    for name in ("requests", "failed", "TTFT p50 ms", "p90 ms", "p99 ms"):
         table.add_column(name, justify="right")
     table.add_column("biggest stage (share of TTFT)")
-    table.columns[0].header = "group · requests"
+    table.columns[0].header = "group · ok requests"
     for group, mask in data.groups.items():
         part = data.summary.group(group)
         stages = part["stages"]
@@ -56,8 +56,10 @@ def _headline(data: ReportData) -> Table:
             big.append("█ ", style=colour(biggest[0]))
             big.append(f"{biggest[0]} {biggest[1]['share']:.1%}")
         ttft = part["ttft_ms"]
+        failed = sum(part["failures"].values())
         table.add_row(
             f"{data.group_label[group]} · {int(mask.sum()):,}",
+            Text(f"{failed:,}", style="bold red") if failed else Text("0", style="green"),
             f"{ttft['p50']:,.2f}",
             f"{ttft['p90']:,.2f}",
             f"{ttft['p99']:,.2f}",
@@ -134,7 +136,7 @@ def _blame(data: ReportData) -> Table | None:
     if frame.empty:
         return None
     table = Table(
-        title="queue blame: what the engine executed while requests waited (mean ms)",
+        title="wait blame: what the engine executed while requests waited (mean ms)",
         title_justify="left",
     )
     for name in ("condition", "wait", "requests", "wait ms"):
@@ -198,10 +200,12 @@ def render_report(data: ReportData, console: Console) -> None:
         Text.assemble(
             ("ttft report ", "bold"),
             (data.trace, "bold cyan"),
-            f"  boundary={s.boundary}  policy={s.policy}  requests={s.requests:,}",
+            f"  boundary={s.boundary}  policy={s.policy}  requests={s.requests:,} "
+            f"({s.requests_ok:,} ok)",
         )
     )
-    if s.requests == 0:
+    render_failures(s, console)
+    if s.requests_ok == 0:
         console.print("[yellow]No request has a TTFT window at this boundary.[/yellow]")
     else:
         console.print(_headline(data))

@@ -64,25 +64,30 @@ STAGES: Final[tuple[Stage, ...]] = (
     Stage("client", "request", 1, "client span: request handed to the HTTP client to last byte"),
     Stage("connect", "request", 2, "TCP/TLS connect when a new connection was opened"),
     Stage("server", "request", 3, "request at the server, received to response end"),
-    Stage("tokenize", "request", 9, "prompt to token ids"),
+    Stage("tokenize", "request", 12, "prompt to token ids"),
     Stage("queue", "request", 6, "waiting for admission into the running batch"),
-    Stage("schedule", "request", 7, "scheduler CPU work of the iteration admitting the request"),
+    Stage("schedule", "request", 8, "scheduler CPU work of the iteration admitting the request"),
+    Stage("batch_wait", "request", 7, "admitted, waiting for its first prefill chunk to start"),
     Stage("prefill", "request", 5, "envelope from the first prefill chunk to the last"),
-    Stage("prefill.chunk", "request", 11, "an iteration that carried a chunk of the prompt"),
-    Stage("sample", "request", 10, "logits of the last prompt position to the first token id"),
-    Stage("detokenize", "request", 9, "first token id to text"),
-    Stage("stream", "request", 8, "writing the first body chunk that carries a token"),
+    Stage("prefill.chunk", "request", 15, "an iteration that carried a chunk of the prompt"),
+    Stage("sample", "request", 13, "logits of the last prompt position to the first token id"),
+    Stage("detokenize", "request", 12, "first token id to text"),
+    Stage("holdback", "request", 11, "first text held back (split UTF-8, stop-string prefix)"),
+    Stage("deliver", "request", 10, "a ready token waiting for the event loop before its send"),
+    Stage("kv_transfer", "request", 14, "disaggregated serving: K/V blocks to the decode worker"),
+    Stage("stream", "request", 9, "writing the first body chunk that carries a token"),
     Stage("step", "engine", None, "one engine iteration (used by blame, never takes time)"),
-    Stage("forward", "engine", 12, "host side of one forward pass"),
-    Stage("gpu", "engine", 13, "device execution of a forward pass, on the host clock"),
+    Stage("forward", "engine", 16, "host side of one forward pass"),
+    Stage("gpu", "engine", 17, "device execution of a forward pass, on the host clock"),
     Stage("network", "derived", None, "client window outside the server's own window"),
     Stage("unattributed", "derived", None, "window time that no span covers"),
     Stage("other", "any", 4, "a span whose stage is not known"),
     Stage("event", "any", None, "a point event (start_ns == end_ns)"),
 )
-"""The stage vocabulary of DESIGN.md; priorities encode the exclusive order
-``gpu > forward > prefill.chunk > sample > detokenize = tokenize > stream > schedule >
-queue > prefill > other > server > connect > client``."""
+"""The stage vocabulary of DESIGN.md, in the order a request meets them; priorities encode
+the exclusive order ``gpu > forward > prefill.chunk > kv_transfer > sample > detokenize =
+tokenize > holdback > deliver > stream > schedule > batch_wait > queue > prefill > other >
+server > connect > client`` (docs/attribution.md, "Stages and their order")."""
 
 STAGE_BY_NAME: Final[dict[str, Stage]] = {s.name: s for s in STAGES}
 STAGE_NAMES: Final[tuple[str, ...]] = tuple(s.name for s in STAGES)
@@ -100,6 +105,8 @@ EV_FIRST_SAMPLED: Final = "first_sampled"
 """engine: first token id sampled."""
 EV_TOKEN: Final = "token"
 """client: each later token (or chunk of tokens) received after ``first_token``."""
+EV_FIRST_REASONING: Final = "first_reasoning"
+"""client: first chunk with non-empty ``delta.reasoning_content`` (or ``reasoning``)."""
 CLIENT_EVENTS: Final[tuple[str, ...]] = (
     "scheduled",
     "sent",
@@ -109,6 +116,7 @@ CLIENT_EVENTS: Final[tuple[str, ...]] = (
     "role_chunk",
     EV_FIRST_TOKEN,
     EV_TOKEN,
+    EV_FIRST_REASONING,
 )
 BOUNDARY_EVENTS: Final[tuple[str, ...]] = (EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED)
 
@@ -132,6 +140,25 @@ CLIENT_CLOCK: Final = "client"
 """The ``clock`` value of spans measured by the client (load generator)."""
 
 CONDITIONS: Final[tuple[str, ...]] = ("cold", "prefix_hit")
+
+# Request outcomes (DESIGN.md, "TTFT windows"): the client span's ``outcome`` attribute.
+OUTCOME_OK: Final = "ok"
+OUTCOMES: Final[tuple[str, ...]] = (
+    OUTCOME_OK,
+    "http_error",
+    "shed",
+    "timeout",
+    "disconnected",
+    "client_error",
+)
+"""``ok``: a 200 whose stream completed its framing with ``[DONE]`` or a finish reason;
+``http_error``: another status, or an error or unreadable event in the stream (with the
+status); ``shed``: 429 or 503; ``timeout``: the client's limit ran out; ``disconnected``:
+the connection closed or the stream ended before completing its framing or a finish
+reason; ``client_error``: the request could not be sent (no connection)."""
+ATTR_OUTCOME: Final = "outcome"
+ATTR_STATUS_CODE: Final = "status_code"
+ATTR_ERROR: Final = "error"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,12 @@ later tokens tell), the usage body, the request's metrics, and the answer itself
 
 A generation left early (the client went away, the server shuts down, an error) cancels
 its engine request, so its K/V blocks are freed at the engine's next iteration.
+
+Tracing, after the first token's ``detokenize`` (its event's ``text_ns``) up to the send of
+the first text: ``holdback`` while that text waits for later tokens (a split UTF-8
+character, a possible stop-string prefix, or, not streamed, the rest of the answer), with
+the reason and how many tokens it waited for; then ``deliver`` (``leg="to_send"``) from
+the moment the text was ready to the start of the send of the body chunk that carries it.
 """
 
 from __future__ import annotations
@@ -15,14 +21,14 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from ttft.engine.engine import EngineStopped
 from ttft.engine.server.errors import APIError
 from ttft.engine.server.metrics import Metrics
 from ttft.engine.server.models import Response
 from ttft.engine.stream import RequestStream, TokenEvent
-from ttft.tracer import clock_ns
+from ttft.tracer import clock_ns, record
 
 __all__ = ["Generation", "complete", "held_back", "sse", "stream"]
 
@@ -80,14 +86,21 @@ class Generation:
         self.received_ns = received_ns
         self.outcome = Outcome()
         self._accounted = False
+        self._seen = 0  # token events read
+        self._first_ns = self._last_ns = 0  # text_ns of the first and of the latest
+        self._first_held = ""  # why the first token's text did not go out with it
+        self._ready_ns = 0  # when the first text that goes out was ready; 0 before
+        self._delivered = False
 
     async def pieces(self) -> AsyncIterator[str]:
         """The text as it becomes safe to send; ``outcome`` is set once it ends."""
         full, emitted, last = "", 0, None
         try:
             async for ev in self.stream:
+                self._seen += 1
+                self._last_ns = ev.text_ns
                 if last is None:
-                    self._first_token()
+                    self._first_token(ev)
                 last = ev
                 full += ev.text
                 cut = min((i for i in (full.find(s) for s in self.stops) if i >= 0), default=-1)
@@ -121,8 +134,43 @@ class Generation:
         self.stream.cancel()
         self._account("cancelled", None)
 
-    def _first_token(self) -> None:
+    def text_ready(self, whole: bool = False) -> None:
+        """The first text to be sent is ready: the latest token event completed it. Records
+        ``holdback`` (first token's text → now, ``reason`` and ``waited_tokens``) when it
+        waited for later tokens; ``whole`` says the answer is sent in one piece (reason
+        ``not_streamed``). Only the first call counts."""
+        if self._ready_ns or not self._seen:
+            return
+        self._ready_ns = self._last_ns
+        if self._seen > 1 and self._first_ns:
+            record(
+                "holdback",
+                self._first_ns,
+                self._ready_ns,
+                request_id=self.stream.request_id,
+                parent=self.stream.parent,
+                reason="not_streamed" if whole else self._first_held,
+                waited_tokens=self._seen - 1,
+            )
+
+    def sending(self) -> None:
+        """A body chunk is being handed to the server now: the first after `text_ready`
+        carries the first text, and its ``deliver`` (ready → now) is recorded."""
+        if self._ready_ns and not self._delivered:
+            self._delivered = True
+            record(
+                "deliver",
+                self._ready_ns,
+                clock_ns(),
+                request_id=self.stream.request_id,
+                parent=self.stream.parent,
+                leg="to_send",
+            )
+
+    def _first_token(self, ev: TokenEvent) -> None:
         now_ns = clock_ns()
+        self._first_ns = ev.text_ns
+        self._first_held = "stop_string" if ev.text or ev.finished else "utf8"
         m = self.metrics
         m.ttft.observe((now_ns - self.received_ns) / 1e9)
         queue_s, admitted_ns = self.stream.queue_seconds, self.stream.admitted_ns
@@ -147,14 +195,37 @@ def _engine_stopped(e: EngineStopped) -> APIError:
     return APIError(503, str(e), type="server_error", code="engine_stopped")
 
 
-async def complete(gen: Generation, response: Response) -> dict[str, Any]:
-    """The whole (non-streamed) body of ``gen``.
+def _traced_send(gen: Generation, send: Any) -> Any:
+    """``send`` telling ``gen`` when each body chunk is handed over (`Generation.sending`)."""
+
+    async def traced(message: Any) -> None:
+        if message.get("type") == "http.response.body":
+            gen.sending()
+        await send(message)
+
+    return traced
+
+
+class _EngineJSONResponse(JSONResponse):
+    """The whole answer of a generation, its ``deliver`` recorded as its body is sent."""
+
+    def __init__(self, content: Any, generation: Generation) -> None:
+        super().__init__(content)
+        self._generation = generation
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await super().__call__(scope, receive, _traced_send(self._generation, send))
+
+
+async def complete(gen: Generation, response: Response) -> JSONResponse:
+    """The whole (non-streamed) answer of ``gen``, as a JSON response.
 
     Raises:
         APIError: 503 when the engine stopped, 500 when the generation failed.
     """
     try:
         text = "".join([p async for p in gen.pieces()])
+        gen.text_ready(whole=True)
     except EngineStopped as e:
         raise _engine_stopped(e) from None
     except Exception as e:
@@ -162,7 +233,8 @@ async def complete(gen: Generation, response: Response) -> dict[str, Any]:
         raise APIError(500, f"generation failed: {e}", type="server_error") from None
     finally:
         gen.close()
-    return response.whole(text, gen.outcome.finish_reason, gen.outcome.usage)
+    body = response.whole(text, gen.outcome.finish_reason, gen.outcome.usage)
+    return _EngineJSONResponse(body, gen)
 
 
 def sse(payload: Any) -> bytes:
@@ -176,6 +248,7 @@ async def _events(gen: Generation, response: Response, include_usage: bool) -> A
     try:
         async for piece in gen.pieces():
             if piece:
+                gen.text_ready()
                 yield sse(response.chunk([response.choice(piece, None)], include_usage))
     except EngineStopped as e:
         yield sse(APIError(503, str(e), type="server_error").body())
@@ -201,7 +274,7 @@ class _EngineStreamingResponse(StreamingResponse):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, _traced_send(self._generation, send))
         finally:
             self._generation.close()
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
 from ttft.analysis.reference import ReferenceSpan, attribute_request, covered_and_raw
-from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES, ROOT_ONLY_STAGE
+from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES, ROOT_ONLY_STAGE, STAGE_NAMES
 
 CLIENT = {"clock": "client", "service": "loadgen"}
 
@@ -110,7 +110,7 @@ def test_step_id_join_and_windows():
     req = asm.requests.iloc[0]
     assert (req.client_a, req.client_b, req.server_a, req.server_b) == (0, 90, 10, 80)
     assert (req.engine_a, req.engine_b, req.condition, req.request_id) == (12, 75, "cold", "r1")
-    gpu = asm.spans.stage == 13
+    gpu = asm.spans.stage == STAGE_NAMES.index("gpu")
     assert asm.spans.start_ns[gpu].tolist() == [62]
     assert asm.spans.depth[gpu].tolist() == [4]  # client > server > prefill > chunk > gpu
     assert asm.default_boundary() == "client"
@@ -425,6 +425,6 @@ def test_step_join_copies_every_gpu_span_of_the_step(step):
     rows.append(row(2, 22, "gpu", 64, 74, parent=20, clock="gpu:1", step_id=step))
     rows.append(row(3, 23, "gpu", 30, 35, clock="gpu:0", step_id=step, service="other"))
     asm = assemble(table(rows))
-    gpu = asm.spans.stage == 13
+    gpu = asm.spans.stage == STAGE_NAMES.index("gpu")
     assert sorted(asm.spans.start_ns[gpu].tolist()) == [62, 64]  # not the other service's
     assert parts("client", "exclusive", rows)["gpu"] == 12  # [62, 74)

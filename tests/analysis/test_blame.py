@@ -210,9 +210,13 @@ counts = st.integers(-1, 50)
 steps_st = st.lists(
     st.tuples(st.integers(0, 1000), st.integers(0, 300), counts, counts), max_size=25
 )
-# A wait: (start, length, the step its request's one chunk claims (0: none), chunk tokens).
+# A wait: (start, length, the step its request's one chunk claims (0: none), chunk tokens,
+# the wait's stage).
 waits_st = st.lists(
-    st.tuples(st.integers(0, 1000), st.integers(1, 400), st.integers(0, 25), counts),
+    st.tuples(
+        st.integers(0, 1000), st.integers(1, 400), st.integers(0, 25), counts,
+        st.sampled_from(["queue", "batch_wait"]),
+    ),
     min_size=1,
     max_size=6,
 )
@@ -225,8 +229,8 @@ def test_parts_sum_to_the_wait_and_match_a_step_by_step_split(steps, waits, rnd)
     for i, (s0, dur, p, d) in enumerate(steps):
         attrs = {k: v for k, v in (("prefill_tokens", p), ("decode_tokens", d)) if v >= 0}
         rows.append(step(i + 1, s0, s0 + dur, step_id=i + 1, **attrs))
-    for t, (a, dur, claim, tokens) in enumerate(waits):
-        rows.append(row(t + 1, 1, "queue", a, a + dur))
+    for t, (a, dur, claim, tokens, wait) in enumerate(waits):
+        rows.append(row(t + 1, 1, wait, a, a + dur))
         if claim:  # one chunk after everything: no gap, but its step's own tokens count
             attrs = {"chunk_tokens": tokens} if tokens >= 0 else {}
             rows.append(row(t + 1, 2, "prefill.chunk", 5000, 5001, step_id=claim, **attrs))
@@ -237,9 +241,10 @@ def test_parts_sum_to_the_wait_and_match_a_step_by_step_split(steps, waits, rnd)
     assert (parts >= 0).all()
     assert (parts.sum(axis=1) == df["wait_ns"].to_numpy()).all()
     spans = [(s0, s0 + dur, i + 1, p, d) for i, (s0, dur, p, d) in enumerate(steps)]
-    got = {r["trace_id"]: [r[f"{k}_ns"] for k in KINDS] for r in records(df)}
-    for t, (a, dur, claim, tokens) in enumerate(waits):
-        assert got[tid(t + 1)] == reference(spans, a, a + dur, {claim: tokens} if claim else {})
+    got = {r["trace_id"]: [r["wait"], *(r[f"{k}_ns"] for k in KINDS)] for r in records(df)}
+    for t, (a, dur, claim, tokens, wait) in enumerate(waits):
+        own = {claim: tokens} if claim else {}
+        assert got[tid(t + 1)] == [wait, *reference(spans, a, a + dur, own)]
 
 
 def test_synthetic_trace_gaps_hold_a_neighbours_decode():
@@ -311,3 +316,25 @@ def test_summary_of_blame_keeps_the_sums():
     means = out[[f"{k}_ms_mean" for k in KINDS]].sum(axis=1).to_numpy()
     np.testing.assert_allclose(shares, 1.0)
     np.testing.assert_allclose(means, out["wait_ms_mean"].to_numpy())
+
+
+def test_batch_wait_split_like_the_queue_with_own_chunk_tokens_off():
+    # Admitted at 100 (end of schedule); its first chunk runs at 150 in step 2, after
+    # another request's 48-token chunk: [100,120) idle (admission, no step), [120,130)
+    # step 1 decode, [140,150) step 2 with 48 other + 16 own prefill tokens and 16 decode.
+    rows = [
+        row(1, 1, "queue", 0, 90),
+        row(1, 2, "schedule", 90, 100),
+        row(1, 3, "batch_wait", 100, 150, step_id=2),
+        row(1, 4, "prefill", 150, 160),
+        row(1, 5, "prefill.chunk", 150, 160, parent=4, step_id=2, chunk_tokens=16),
+        step(1, 120, 130, step_id=1, prefill_tokens=0, decode_tokens=3),
+        step(2, 140, 170, step_id=2, prefill_tokens=64, decode_tokens=16),
+    ]
+    # step 2 over [140,150): other prefill 48 vs decode 16 → floor(10*48/64) = 7 prefill.
+    assert records(blame(assemble(table(rows)))) == [
+        expect(1, "queue", idle=90),
+        expect(1, "batch_wait", prefill=7, decode=10 + 3, idle=20 + 10),
+    ]
+    assert WAITS == ("queue", "batch_wait", "between_chunks")
+

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from itertools import pairwise
 
 import pytest
 from _live import Collect
@@ -167,6 +168,34 @@ def test_trace_has_request_stages_and_linked_step_spans(model, tok, collect):
     for f in forwards:
         assert f.parent.span_id == steps[f.attributes["step_id"]].context.span_id
 
+
+
+def test_a_request_s_spans_meet_up_to_its_first_token(model, tok, collect):
+    # Two requests at once, three chunks each of at most 16 tokens in 40-token steps: each
+    # request's spans tile tokenize start -> first_sampled, the batch_wait running from
+    # the end of its schedule to its first chunk (in the step its step_id names).
+    exporter, tracing = collect
+    prompts = {"a": tok.ids_of_length(40, seed=6), "b": tok.ids_of_length(36, seed=7)}
+
+    async def main(engine):
+        streams = [await engine.submit(ids, 3, request_id=rid) for rid, ids in prompts.items()]
+        return await asyncio.gather(*(drain(s) for s in streams))
+
+    serve(model, tok, main)
+    tracing.flush()
+    for rid in prompts:
+        spans = request_spans(exporter, rid)
+        one = {name: found[0] for name, found in spans.items()}
+        chunks = sorted(spans["prefill.chunk"], key=lambda c: c.start_time)
+        chain = [one["tokenize"], one["queue"], one["schedule"], one["batch_wait"], chunks[0]]
+        chain_ends = [chunks[-1], one["sample"], one["deliver"], one["detokenize"]]
+        for part in (chain, chain_ends):
+            assert [a.end_time - b.start_time for a, b in pairwise(part)] == [0] * (
+                len(part) - 1
+            ), rid
+        assert one["first_sampled"].start_time == one["sample"].end_time
+        assert one["batch_wait"].attributes["step_id"] == chunks[0].attributes["step_id"]
+        assert one["deliver"].attributes["leg"] == "to_loop"
 
 def test_shared_prefix_hits_the_cache_and_gives_the_same_output(model, tok):
     ids = tok.ids_of_length(50, seed=5)

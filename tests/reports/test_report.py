@@ -114,7 +114,7 @@ def test_terminal_report_tells_the_same_story(trace):
         "TTFT distribution",
         "requests up close",
         "raw durations against attributed time",
-        "queue blame",
+        "wait blame",
         "prefill compute",
         "run metadata",
     ):
