@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from ttft.analysis import _columns as col
 from ttft.analysis import clocks
 from ttft.analysis._conditions import conditions, max_cached
+from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._trees import CODE, MAX_NS, NONE_NS, Spans, resolve_trees
 from ttft.analysis.quality import Quality
 from ttft.tracer.schema import (
@@ -33,6 +34,7 @@ from ttft.tracer.schema import (
     EV_FIRST_SAMPLED,
     EV_FIRST_TOKEN,
     EV_TOKEN,
+    OUTCOME_OK,
     REQUEST_STAGES,
     STAGE_NAMES,
 )
@@ -96,7 +98,9 @@ class Assembly:
     """Everything attribution and summaries need, with the defects found on the way.
 
     ``requests`` has one row per request: ``trace_id``, ``request_id``, ``condition``
-    (``cold``, ``prefix_hit`` or None) and, per boundary ``X``, ``X_a`` / ``X_b`` window
+    (``cold``, ``prefix_hit`` or None), ``outcome`` (one of ``OUTCOMES`` from its client
+    span; None without one), ``status_code`` and ``error`` (of a failed request, else
+    None) and, per boundary ``X``, ``X_a`` / ``X_b`` window
     ends (``NONE_NS`` where missing) plus ``client_root`` / ``server_root`` (column of
     the root span in its request's block, -1) and ``server_window_end`` (where server-side
     spans are cut in the client boundary).
@@ -109,7 +113,13 @@ class Assembly:
     quality: Quality
     rows: Rows
 
+    def ok(self) -> np.ndarray:
+        """Boolean per request: not failed (``ok``, or no client span to say otherwise)."""
+        outcome = self.requests["outcome"].to_numpy(dtype=object)
+        return (outcome == OUTCOME_OK) | pd.isna(outcome)
+
     def has_window(self, boundary: str) -> np.ndarray:
+        """Boolean per request: both ends of its window at ``boundary`` exist, in order."""
         a = self.requests[f"{boundary}_a"].to_numpy()
         b = self.requests[f"{boundary}_b"].to_numpy()
         return (a != NONE_NS) & (b != NONE_NS) & (b >= a)
@@ -248,6 +258,13 @@ def assemble(table: pa.Table) -> Assembly:
     requests.insert(0, "trace_id", np.asarray(trace_values, dtype=object)[first_trace])
     requests.insert(1, "request_id", _request_ids(uniq, rid_values))
     requests.insert(2, "condition", _conditions(table, row_req, stage, n_req))
+    client_rows = np.flatnonzero(valid & (row_req >= 0) & (stage == CODE["client"]))
+    outcome, status, error = request_outcomes(
+        table.column("attributes"), client_rows, row_req, n_req
+    )
+    requests.insert(3, "outcome", outcome)
+    requests.insert(4, "status_code", status)
+    requests.insert(5, "error", error)
     clock_shift = (
         (requests["client_root"].to_numpy() >= 0)
         & (requests["server_root"].to_numpy() >= 0)

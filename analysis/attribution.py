@@ -16,7 +16,7 @@ span columns or tree depth, never over requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -43,6 +43,13 @@ for _b in BOUNDARY_NAMES:
     ELIGIBLE[_b] = _ok
 
 
+FAILED_COLUMNS = (
+    "trace_id", "request_id", "condition", "outcome", "status_code", "error", "ttft_ns",
+    "request",
+)
+"""The columns of `Attribution.failed`, one row per failed request."""
+
+
 @dataclass
 class Attribution:
     """Per-request parts of one boundary and policy.
@@ -51,7 +58,9 @@ class Attribution:
     ``condition``, ``a_ns``, ``ttft_ns``, and ``request``: the request's row in
     ``Assembly.requests``, the index ``Assembly.rows.req`` uses); ``attributed``, ``covered``
     and ``raw`` are int64 ns, one row per request of ``requests`` and one column per stage
-    name. ``attributed`` rows sum exactly to ``ttft_ns``.
+    name. ``attributed`` rows sum exactly to ``ttft_ns``. Only requests that did not fail
+    are attributed; ``failed`` holds the others (`FAILED_COLUMNS`: ``ttft_ns`` is their
+    window at this boundary when they saw a first token, else -1).
     """
 
     boundary: str
@@ -61,6 +70,9 @@ class Attribution:
     covered: pd.DataFrame
     raw: pd.DataFrame
     quality: Quality
+    failed: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=list(FAILED_COLUMNS))
+    )
 
     def per_request(self) -> pd.DataFrame:
         """Long form: one row per request and stage with any time (``trace_id``,
@@ -94,9 +106,11 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {POLICIES}")
     reqs = asm.requests
-    has = asm.has_window(boundary)
+    ok = asm.ok()
+    windowed = asm.has_window(boundary)
+    has = windowed & ok  # TTFT is over ok requests; failures are reported apart
     quality = Quality().merged(asm.quality)
-    missing = np.flatnonzero(~has)
+    missing = np.flatnonzero(ok & ~windowed)
     quality.add("no_window", len(missing), reqs["trace_id"].iloc[missing[:3]])
 
     n_req = len(reqs)
@@ -132,8 +146,13 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     requests["a_ns"] = a[keep]
     requests["ttft_ns"] = b[keep] - a[keep]
     requests["request"] = keep
+    bad = np.flatnonzero(~ok)
+    failed = reqs.iloc[bad][list(FAILED_COLUMNS[:6])].reset_index(drop=True)
+    failed["ttft_ns"] = np.where(windowed[bad], b[bad] - a[bad], -1)
+    failed["request"] = bad
     return Attribution(
-        boundary, policy, requests, frames["att"], frames["cov"], frames["raw"], quality
+        boundary, policy, requests, frames["att"], frames["cov"], frames["raw"], quality,
+        failed,
     )
 
 

@@ -1,5 +1,6 @@
-"""Compare two attributions: percentile deltas per condition, metric and percentile, with
-bootstrap confidence intervals.
+"""Compare two attributions: percentile deltas per condition, metric and percentile, and
+failure rates per condition, with bootstrap confidence intervals. TTFT and stage deltas are
+over the requests that did not fail; failures are compared apart (:func:`compare_failures`).
 
 Pure functions (no I/O, no printing). Percentiles are numpy's linear ones over the
 requests of a condition, zeros included, as in :mod:`ttft.analysis.summary`; times in ms.
@@ -21,7 +22,7 @@ import pandas as pd
 
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.summary import PERCENTILES
-from ttft.tracer.schema import CONDITIONS, STAGE_NAMES
+from ttft.tracer.schema import CONDITIONS, OUTCOMES, STAGE_NAMES
 
 _NS_PER_MS = 1e6
 _ALL = "all"
@@ -79,12 +80,7 @@ def compare(
     Raises:
         ValueError: ``resamples`` < 1, ``seed`` < 0 or ``confidence`` outside (0, 1).
     """
-    if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, got {resamples}")
-    if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    _check(resamples, seed, confidence)
     stages = _stages(a, b)
     metrics = ["ttft", *stages]
     values = [_values(side, stages) for side in (a, b)]
@@ -140,6 +136,97 @@ def regressions(table: pd.DataFrame, max_regression_pct: float) -> pd.DataFrame:
         & (table["ci_lo_ms"] > 0)
     )
     return table[worse].reset_index(drop=True)
+
+
+FAILURE_COLUMNS = (
+    "condition",
+    "a_failed",
+    "a_requests",
+    "b_failed",
+    "b_requests",
+    "a_rate",
+    "b_rate",
+    "delta_pp",
+    "ci_lo_pp",
+    "ci_hi_pp",
+    "significant",
+    "a_kinds",
+    "b_kinds",
+)
+"""The columns of :func:`compare_failures`'s table, in order."""
+
+
+def compare_failures(
+    a: Attribution,
+    b: Attribution,
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> pd.DataFrame:
+    """Failure rates of ``b`` against ``a``, with a bootstrap confidence interval.
+
+    A request counts when it failed (``Attribution.failed``) or was attributed; a side's
+    failure count is resampled as a binomial draw of its requests at its observed rate
+    (resampling its requests with replacement), ``resamples`` times, seeded per condition
+    and side.
+
+    Returns:
+        One row per condition (``all`` first, then ``cold`` and ``prefix_hit`` where both
+        traces have requests of it), columns :data:`FAILURE_COLUMNS`: counts, rates (a
+        fraction), ``delta_pp`` (b - a, percentage points), ``ci_lo_pp``/``ci_hi_pp`` (its
+        percentile interval), ``significant`` (the interval excludes 0) and ``a_kinds``/
+        ``b_kinds`` (failures by outcome).
+
+    Raises:
+        ValueError: as :func:`compare`.
+    """
+    _check(resamples, seed, confidence)
+    q = ((1 - confidence) / 2, (1 + confidence) / 2)
+    rows = []
+    for code, cond in enumerate(_CONDITIONS):
+        sides = []
+        for side in (a, b):
+            failed = side.failed if cond == _ALL else side.failed[
+                side.failed["condition"] == cond]
+            ok = len(side.requests) if cond == _ALL else int(
+                (side.requests["condition"] == cond).sum())
+            sides.append((len(failed), ok + len(failed), failed["outcome"].value_counts()))
+        if sides[0][1] == 0 or sides[1][1] == 0:
+            continue
+        rates, boots = [], []
+        for index, (n_failed, n, _) in enumerate(sides):
+            rng = np.random.default_rng([seed, code, index, 1])
+            rates.append(n_failed / n)
+            boots.append(rng.binomial(n, n_failed / n, resamples) / n)
+        lo, hi = 100 * np.quantile(boots[1] - boots[0], q)
+        rows.append((cond, sides[0][0], sides[0][1], sides[1][0], sides[1][1], rates[0],
+                     rates[1], 100 * (rates[1] - rates[0]), lo, hi, bool(lo > 0 or hi < 0),
+                     _kinds(sides[0][2]), _kinds(sides[1][2])))
+    return pd.DataFrame(rows, columns=list(FAILURE_COLUMNS))
+
+
+def failure_regressions(table: pd.DataFrame, max_regression_pct: float) -> pd.DataFrame:
+    """Rows of :func:`compare_failures`'s table where the failure rate rose significantly
+    (``ci_lo_pp > 0``) and by more than ``max_regression_pct`` percent of A's rate (any
+    rise, when A had no failures), index reset."""
+    worse = (table["ci_lo_pp"] > 0) & (
+        table["b_rate"] > table["a_rate"] * (1 + max_regression_pct / 100)
+    )
+    return table[worse].reset_index(drop=True)
+
+
+def _kinds(counts: pd.Series) -> dict[str, int]:
+    return {kind: int(counts[kind]) for kind in OUTCOMES if kind in counts.index}
+
+
+def _check(resamples: int, seed: int, confidence: float) -> None:
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
 
 
 def _empty() -> pd.DataFrame:

@@ -17,7 +17,9 @@ import pandas as pd
 
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
-from ttft.tracer.schema import CONDITIONS, SCHEMA_VERSION
+from ttft.analysis.decode import decode_latency
+from ttft.analysis.quality import EXAMPLES_KEPT
+from ttft.tracer.schema import CONDITIONS, OUTCOMES, SCHEMA_VERSION
 
 _NS_PER_MS = 1e6
 PERCENTILES = (50, 90, 99)
@@ -71,31 +73,6 @@ def stage_table(attr: Attribution, rows: np.ndarray | None = None) -> pd.DataFra
     return table[columns]
 
 
-def inter_token(asm: Assembly) -> dict[str, float] | None:
-    """Inter-token latency (``p50, p90, p99, mean``) over all gaps between consecutive
-    client token events, and time per output token per request (``tpot_*``), in ms;
-    None when the trace has fewer than two token events in any request."""
-    req, t = asm.token_req, asm.token_ns
-    if len(req) < 2:
-        return None
-    order = np.lexsort((t, req))
-    req, t = req[order], t[order]
-    same = req[1:] == req[:-1]
-    gaps = (t[1:] - t[:-1])[same]
-    if len(gaps) == 0:
-        return None
-    out = _ms(gaps)
-    counts = np.bincount(req)
-    firsts = np.full(len(counts), np.iinfo(np.int64).max)
-    lasts = np.full(len(counts), np.iinfo(np.int64).min)
-    np.minimum.at(firsts, req, t)
-    np.maximum.at(lasts, req, t)
-    many = counts >= 2
-    tpot = (lasts[many] - firsts[many]) / (counts[many] - 1)
-    out.update({f"tpot_{k}": v for k, v in _ms(tpot).items()})
-    return out
-
-
 def tail_mix(attr: Attribution) -> pd.DataFrame:
     """Mean attributed ms per stage for the tail (TTFT at or above its p99) against the
     middle (TTFT between its p40 and p60; when no request lies there, as with a few
@@ -125,9 +102,19 @@ class Summary:
     """What ``ttft analyze --json`` prints (times in ms, ``share`` a fraction): the
     contract every command's printed analysis comes from.
 
+    ``requests`` counts the requests that did not fail and have a window at the boundary
+    (``requests_ok``, the ones every TTFT figure is over) and the failed ones (``failures``:
+    count by outcome, in ``OUTCOMES`` order; ``failure_examples``: up to three per outcome,
+    with trace id, status code and error; ``failed_first_token``: the failed requests that
+    did see a first token, with their TTFT, else None).
     ``stages`` maps a stage to ``p50, p90, p99, mean, share, raw_mean, overlap_mean``;
-    ``conditions`` maps ``cold`` / ``prefix_hit`` to ``requests, ttft_ms, stages``;
-    ``itl_ms`` is None without two token events in a request; ``tail`` maps a stage to
+    ``conditions`` maps ``cold`` / ``prefix_hit`` to ``requests, ttft_ms, stages,
+    failures``;
+    ``itl_ms`` (each request's mean gap between content chunks), ``tpot_ms`` ((last -
+    first token) / (completion tokens - 1)), ``chunk_gap_ms`` (every gap, pooled),
+    ``ttst_ms`` (time to the second token) and ``ttfrt_ms`` (to the first reasoning token)
+    are over the ok requests (see ``analysis.decode``), each None where none has what it
+    needs; ``tail`` maps a stage to
     ``tail_mean, median_mean``; ``quality`` counts each defect; ``clocks`` (see
     `clock_list`) is None unless a clock pair disagrees.
     """
@@ -137,10 +124,18 @@ class Summary:
     boundary: str
     policy: str
     requests: int
+    requests_ok: int
+    failures: dict[str, int]
+    failure_examples: dict[str, list[dict[str, Any]]]
+    failed_first_token: dict[str, Any] | None
     ttft_ms: dict[str, float]
     stages: dict[str, dict[str, float]]
     conditions: dict[str, dict[str, Any]]
     itl_ms: dict[str, float] | None
+    tpot_ms: dict[str, float] | None
+    chunk_gap_ms: dict[str, float] | None
+    ttst_ms: dict[str, float] | None
+    ttfrt_ms: dict[str, float] | None
     tail: dict[str, dict[str, float]]
     quality: dict[str, int]
     clocks: list[dict[str, Any]] | None = None
@@ -154,13 +149,15 @@ class Summary:
         return out
 
     def group(self, name: str) -> dict[str, Any]:
-        """``requests``, ``ttft_ms`` and ``stages`` of ``all`` requests or of a condition.
+        """``requests`` (ok ones), ``ttft_ms``, ``stages`` and ``failures`` of ``all``
+        requests or of a condition.
 
         Raises:
             KeyError: no request has that condition.
         """
         if name == "all":
-            return {"requests": self.requests, "ttft_ms": self.ttft_ms, "stages": self.stages}
+            return {"requests": self.requests_ok, "ttft_ms": self.ttft_ms,
+                    "stages": self.stages, "failures": self.failures}
         return self.conditions[name]
 
     def to_json(self) -> str:
@@ -181,6 +178,7 @@ def summarize(
     """
     ttft = attr.requests["ttft_ns"].to_numpy()
     conditions = attr.requests["condition"].to_numpy()
+    failed = attr.failed
     by_condition = {}
     for cond in CONDITIONS:
         mask = conditions == cond
@@ -189,6 +187,7 @@ def summarize(
                 "requests": int(mask.sum()),
                 "ttft_ms": _ms(ttft[mask]),
                 "stages": _stages_dict(stage_table(attr, mask)),
+                "failures": _failure_counts(failed[failed["condition"] == cond]),
             }
     empty = {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
     clocks = clock_list(attr)
@@ -198,15 +197,45 @@ def summarize(
         schema_version=schema_version,
         boundary=attr.boundary,
         policy=attr.policy,
-        requests=int(len(ttft)),
+        requests=int(len(ttft) + len(failed)),
+        requests_ok=int(len(ttft)),
+        failures=_failure_counts(failed),
+        failure_examples=_failure_examples(failed),
+        failed_first_token=_failed_first_token(failed),
         ttft_ms=_ms(ttft) if len(ttft) else empty,
         stages=_stages_dict(stage_table(attr)),
         conditions=by_condition,
-        itl_ms=inter_token(asm),
+        **decode_latency(asm, attr.requests["request"].to_numpy()),
         tail=_stages_dict(tail_mix(attr)),
         quality=dict(attr.quality.counts),
         clocks=clocks if disagree else None,
     )
+
+
+def _failure_counts(failed: pd.DataFrame) -> dict[str, int]:
+    counts = failed["outcome"].value_counts()
+    return {kind: int(counts[kind]) for kind in OUTCOMES if kind in counts.index}
+
+
+def _failure_examples(failed: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for kind in _failure_counts(failed):
+        rows = failed[failed["outcome"] == kind].head(EXAMPLES_KEPT)
+        out[kind] = [
+            {
+                "trace_id": str(r.trace_id),
+                "status_code": None if pd.isna(r.status_code) else int(r.status_code),
+                "error": None if not isinstance(r.error, str) else r.error,
+            }
+            for r in rows.itertuples(index=False)
+        ]
+    return out
+
+
+def _failed_first_token(failed: pd.DataFrame) -> dict[str, Any] | None:
+    ttft = failed["ttft_ns"].to_numpy(dtype=np.int64)
+    seen = ttft[ttft >= 0]
+    return {"requests": int(len(seen)), "ttft_ms": _ms(seen)} if len(seen) else None
 
 
 def clock_list(attr: Attribution) -> list[dict[str, Any]]:

@@ -17,14 +17,21 @@ from ttft.tracer.api import clock_ns
 from ttft.tracer.context import new_span_id, new_trace_id
 from ttft.tracer.schema import (
     ATTR_CACHED_TOKENS,
+    ATTR_ERROR,
+    ATTR_OUTCOME,
     ATTR_PROMPT_TOKENS,
+    ATTR_STATUS_CODE,
     CLIENT_CLOCK,
+    EV_FIRST_REASONING,
     EV_FIRST_TOKEN,
     EV_TOKEN,
+    OUTCOME_OK,
 )
 
 SERVICE = "loadgen"
 """The ``service`` value of every row the load generator writes."""
+SHED_STATUSES = frozenset((429, 503))
+"""Statuses that mean the server refused the load (outcome ``shed``)."""
 
 
 @dataclass
@@ -40,6 +47,7 @@ class RequestResult:
         tokens: completion tokens (from usage, else the number of content chunks).
         prompt_tokens, cached_tokens: from usage, None if the server sent none.
         status_code: HTTP status, None if no response arrived.
+        outcome: one of ``tracer.schema.OUTCOMES`` (``ok`` unless it failed).
         error: why the request failed, None if it did not.
         rows: the request's span rows (SPAN_SCHEMA dicts).
     """
@@ -53,6 +61,7 @@ class RequestResult:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     status_code: int | None = None
+    outcome: str = OUTCOME_OK
     error: str | None = None
     rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -105,7 +114,9 @@ class Request:
         self.done: asyncio.Future[None] | None = None
         self.tls = False
         self.buffer = bytearray()
-        self.got_body = self.got_event = self.got_done = False
+        self.got_body = self.got_event = self.got_done = self.got_finish = False
+        self.got_reasoning = False
+        self.outcome: str | None = None  # set where a failure is found; None: not (yet)
 
     def event(self, name: str, ns: int | None = None) -> None:
         self.events.append((name, clock_ns() if ns is None else ns))
@@ -139,14 +150,22 @@ class Request:
             try:
                 self.on_payload(json.loads(event), ns)
             except ValueError:
-                self.result.error = f"bad SSE data: {event[:200]!r}"
+                self.fail("http_error", f"bad SSE data: {event[:200]!r}")
+
+    def fail(self, outcome: str, error: str) -> None:
+        """Record the request's failure; the first one found is the one it keeps."""
+        if self.outcome is None:
+            self.outcome, self.result.error = outcome, error
 
     def on_end(self, ns: int) -> None:
-        if self.result.status_code != 200:
+        """The response ended with its framing complete."""
+        status = self.result.status_code
+        if status != 200:
             text = self.buffer.decode("utf-8", "replace")
-            self.result.error = f"HTTP {self.result.status_code}: {text[:300]}"
-        elif not self.got_done and self.result.error is None:
-            self.result.error = "stream ended without [DONE]"
+            self.fail("shed" if status in SHED_STATUSES else "http_error",
+                      f"HTTP {status}: {text[:300]}")
+        elif not (self.got_done or self.got_finish):
+            self.fail("disconnected", "stream ended without [DONE] or a finish reason")
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
 
@@ -159,13 +178,24 @@ class Request:
             return
         if "error" in payload and payload["error"]:
             err = payload["error"]
-            self.result.error = str(err.get("message", err) if isinstance(err, dict) else err)
+            self.fail("http_error",
+                      str(err.get("message", err) if isinstance(err, dict) else err))
             return
         if self.result.request_id is None and payload.get("id"):
             self.result.request_id = str(payload["id"])
         for choice in payload.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("finish_reason"):
+                self.got_finish = True
             delta = choice.get("delta")
+            if delta is not None and not isinstance(delta, dict):
+                delta = {}  # a malformed delta carries nothing
             text = choice.get("text") if delta is None else delta.get("content")
+            if delta and not self.got_reasoning and (
+                    delta.get("reasoning_content") or delta.get("reasoning")):
+                self.got_reasoning = True
+                self.event(EV_FIRST_REASONING, now_ns)
             if text:
                 self.content_chunks += 1
                 self.event(EV_TOKEN if self.content_chunks > 1 else EV_FIRST_TOKEN, now_ns)
@@ -181,7 +211,7 @@ class Request:
     def _client_attributes(self) -> dict[str, Any]:
         r = self.result
         attrs: dict[str, Any] = {
-            "index": r.index, "status_code": r.status_code,
+            "index": r.index, ATTR_STATUS_CODE: r.status_code, ATTR_OUTCOME: r.outcome,
             ATTR_PROMPT_TOKENS: r.prompt_tokens, "completion_tokens": self.completion_tokens,
             ATTR_CACHED_TOKENS: r.cached_tokens, "content_chunks": self.content_chunks,
         }
@@ -193,7 +223,7 @@ class Request:
         if r.cached_tokens is not None:
             attrs["condition"] = "prefix_hit" if r.cached_tokens > 0 else "cold"
         if r.error is not None:
-            attrs["error"] = r.error
+            attrs[ATTR_ERROR] = r.error
         return attrs
 
     def finish(self, end_ns: int) -> RequestResult:
@@ -201,6 +231,7 @@ class Request:
         ``client`` span with the client events in time order, and a ``connect`` child when
         the request waited for a new connection."""
         r = self.result
+        r.outcome = self.outcome or OUTCOME_OK
         r.e2e_s = (end_ns - self.start_ns) / 1e9
         r.tokens = self.completion_tokens if self.completion_tokens is not None \
             else self.content_chunks
@@ -247,9 +278,16 @@ async def send(pool: Pool, req: Request, wire: bytes, timeout_s: float) -> Reque
     try:
         await asyncio.wait_for(exchange(), timeout_s)
     except asyncio.TimeoutError:
-        req.result.error = f"timed out after {timeout_s} s"
+        req.fail("timeout", f"timed out after {timeout_s} s")
     except (OSError, ValueError) as exc:
-        req.result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        # No connection: the request was never sent. Else the connection broke or the
+        # response broke its framing before it ended.
+        req.fail("client_error" if req.conn is None else "disconnected",
+                 f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    except asyncio.CancelledError:
+        if req.conn is not None:
+            req.conn.close()  # the run stopped: this response will never be read
+        raise
     if req.conn is not None:
         pool.release(req.conn)  # closed unless its response ended cleanly
     req.tls = pool.origin.ssl is not None

@@ -163,9 +163,12 @@ class _Schedule:
             launched = len(self.tasks)
             await asyncio.gather(*self.tasks)
 
-    def cancel(self) -> None:
+    async def cancel(self) -> None:
+        """Cancel the requests still running and wait for them: each closes its
+        connection, whose response it will never read."""
         for task in self.tasks:
             task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
 
     def ended(self) -> list[RequestResult]:
         return [r for r in self.results if r is not None]
@@ -260,7 +263,7 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
                 schedule.due(req, wire)
             await schedule.wait()
         finally:
-            schedule.cancel()  # a request still running leaves no rows
+            await schedule.cancel()  # a request still running leaves no rows
             failed = rows.close() if rows is not None else None
             await pool.close()
     if failed is not None:

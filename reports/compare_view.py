@@ -113,3 +113,35 @@ def _cells(row: Any) -> list[str | Text]:
         f"{row.ci_lo_ms:+,.2f} … {row.ci_hi_ms:+,.2f}",
         marker,
     ]
+
+
+def render_failure_rates(table: pd.DataFrame, console: Console, confidence: float) -> None:
+    """The failure rate of A and B per condition, first: TTFT deltas below are over the
+    requests that did not fail."""
+    out = Table(title="failed requests (TTFT below is over the ok ones)", title_justify="left")
+    for name in ("condition", "A failed", "B failed", "Δ points",
+                 f"{confidence:.0%} CI of Δ", "", "A kinds", "B kinds"):  # fmt: skip
+        out.add_column(name, justify="left" if name in ("condition", "A kinds", "B kinds")
+                       else "right")
+    for row in table.itertuples(index=False):
+        if row.ci_lo_pp > 0:
+            marker = Text("worse", style="bold red")
+        elif row.ci_hi_pp < 0:
+            marker = Text("better", style="bold green")
+        else:
+            marker = Text("~", style="dim")
+        out.add_row(
+            row.condition,
+            f"{row.a_failed:,}/{row.a_requests:,} ({row.a_rate:.1%})",
+            f"{row.b_failed:,}/{row.b_requests:,} ({row.b_rate:.1%})",
+            f"{row.delta_pp:+.1f}",
+            f"{row.ci_lo_pp:+.1f} … {row.ci_hi_pp:+.1f}",
+            marker,
+            _kinds(row.a_kinds),
+            _kinds(row.b_kinds),
+        )
+    console.print(out)
+
+
+def _kinds(kinds: dict[str, int]) -> str:
+    return ", ".join(f"{kind} {n:,}" for kind, n in kinds.items()) or "-"

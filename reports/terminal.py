@@ -51,13 +51,14 @@ def render_analysis(summary: Summary, console: Console) -> None:
         ("ttft analyze ", "bold"),
         (summary.trace, "bold cyan"),
         f"  boundary={summary.boundary}  policy={summary.policy}  "
-        f"requests={summary.requests:,}",
+        f"requests={summary.requests:,} ({summary.requests_ok:,} ok)",
     )
     console.print(head)
-    if summary.requests == 0:
+    render_failures(summary, console)
+    if summary.requests_ok == 0:
         console.print("[yellow]No request has a TTFT window at this boundary.[/yellow]")
     else:
-        label = "all requests"
+        label = "ok requests" if summary.failures else "all requests"
         if len(conditions) > 1:
             label += " (mixes " + " and ".join(conditions) + ")"
         blocks = [stage_table(label, summary.ttft_ms, summary.stages)]
@@ -84,13 +85,59 @@ def render_analysis(summary: Summary, console: Console) -> None:
         for stage, row in sorted(summary.tail.items(), key=lambda kv: -kv[1]["tail_mean"]):
             tail.add_row(stage, f"{row['tail_mean']:,.2f}", f"{row['median_mean']:,.2f}")
         console.print(tail)
-    itl = summary.itl_ms
-    if itl:
-        console.print(
-            f"inter-token latency  p50 {itl['p50']:,.2f} ms  p99 {itl['p99']:,.2f} ms   "
-            f"time per output token  p50 {itl['tpot_p50']:,.2f} ms"
-        )
+    render_decode(summary, console)
     render_quality(summary, console)
+
+
+_DECODE = (
+    ("ttst_ms", "time to second token"),
+    ("itl_ms", "inter-token latency (per request)"),
+    ("tpot_ms", "time per output token"),
+    ("chunk_gap_ms", "chunk gaps (pooled)"),
+    ("ttfrt_ms", "time to first reasoning token"),
+)
+
+
+def render_decode(summary: Summary, console: Console) -> None:
+    """After the first token, over the ok requests: one line per figure there is."""
+    for key, label in _DECODE:
+        value = getattr(summary, key)
+        if value:
+            console.print(
+                f"{label}  p50 {value['p50']:,.2f} ms  p90 {value['p90']:,.2f} ms  "
+                f"p99 {value['p99']:,.2f} ms  ({value['requests']:,} "
+                f"{'gaps' if key == 'chunk_gap_ms' else 'requests'})"
+            )
+
+
+def render_failures(summary: Summary, console: Console) -> None:
+    """The failed requests first, by kind with a few examples: TTFT figures are over the
+    ok requests only, and say so."""
+    failed = sum(summary.failures.values())
+    if not failed:
+        return
+    total = summary.requests
+    kinds = ", ".join(f"{kind} {n:,} ({n / total:.1%})" for kind, n in summary.failures.items())
+    console.print(
+        f"[bold red]failures:[/bold red] {failed:,} of {total:,} requests ({failed / total:.1%}):"
+        f" {kinds}; TTFT below is over the {summary.requests_ok:,} ok requests",
+        soft_wrap=True,
+    )
+    for kind, examples in summary.failure_examples.items():
+        for example in examples:
+            status = f" HTTP {example['status_code']}" if example["status_code"] else ""
+            console.print(
+                Text(f"  {kind}: {example['trace_id']}{status}: {example['error'] or '-'}",
+                     style="red"),
+                soft_wrap=True,
+            )
+    seen = summary.failed_first_token
+    if seen:
+        console.print(
+            f"  {seen['requests']:,} failed requests saw a first token (TTFT p50 "
+            f"{seen['ttft_ms']['p50']:,.2f} ms, p99 {seen['ttft_ms']['p99']:,.2f} ms), "
+            "not counted above"
+        )
 
 
 def render_quality(summary: Summary, console: Console) -> None:

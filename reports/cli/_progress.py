@@ -5,12 +5,16 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ttft.tracer.schema import OUTCOME_OK
+
 
 class RunDisplay:
-    """The live progress line: sent, completed, errors, running TTFT p50/p99."""
+    """The live progress line: sent, completed, failed, running TTFT p50/p99 of the ok
+    requests (client TTFT, the percentiles of ``ttft analyze``)."""
 
     def __init__(self, console: Console) -> None:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -42,7 +46,7 @@ class RunDisplay:
         self._refresh(advance=0)
 
     def on_result(self, result) -> None:
-        if result.error:
+        if result.outcome != OUTCOME_OK:
             self.errors += 1
         elif result.ttft_s is not None:
             bisect.insort(self.ttfts, result.ttft_s * 1000)
@@ -51,10 +55,21 @@ class RunDisplay:
     def waiting(self) -> None:
         self.progress.update(self.task, description="waiting for the server's spans")
 
+    def ttft_ms(self) -> tuple[float, float] | None:
+        """TTFT p50 and p99 of the ok requests so far, in ms: numpy's linear percentiles,
+        as ``ttft analyze`` reports them (None before the first)."""
+        if not self.ttfts:
+            return None
+        p50, p99 = np.percentile(self.ttfts, (50, 99))
+        return float(p50), float(p99)
+
+    def stats(self) -> str:
+        """The line's counts and percentiles."""
+        out = f"sent {self.sent}  failed {self.errors}"
+        ttft = self.ttft_ms()
+        if ttft is not None:
+            out += f"  ok TTFT p50 {ttft[0]:,.1f} ms  p99 {ttft[1]:,.1f} ms"
+        return out
+
     def _refresh(self, advance: int) -> None:
-        stats = f"sent {self.sent}  errors {self.errors}"
-        if self.ttfts:
-            n = len(self.ttfts)
-            p50, p99 = self.ttfts[(n - 1) // 2], self.ttfts[min(n - 1, int(0.99 * n))]
-            stats += f"  TTFT p50 {p50:,.1f} ms  p99 {p99:,.1f} ms"
-        self.progress.update(self.task, advance=advance, stats=stats)
+        self.progress.update(self.task, advance=advance, stats=self.stats())

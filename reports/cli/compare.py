@@ -54,7 +54,7 @@ def compare(
     prefix_hit), the delta B - A with a bootstrap 95% confidence interval, flagged when the
     interval excludes zero."""
     from ttft.analysis.compare import compare as compare_attributions
-    from ttft.analysis.compare import regressions
+    from ttft.analysis.compare import compare_failures, failure_regressions, regressions
 
     given = boundary.value if boundary else None
     analyses = [
@@ -72,6 +72,9 @@ def compare(
         table = compare_attributions(
             attrs[0], attrs[1], resamples=resamples, seed=seed, confidence=_CONFIDENCE
         )
+        failures = compare_failures(
+            attrs[0], attrs[1], resamples=resamples, seed=seed, confidence=_CONFIDENCE
+        )
     if as_json:
         out = {
             "a": str(a),
@@ -81,15 +84,18 @@ def compare(
             "resamples": resamples,
             "seed": seed,
             "rows": _records(table),
+            "failures": _records(failures),
         }
         sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
     else:
         counts = [attr.requests["condition"].value_counts() for attr in attrs]
-        from ttft.reports.compare_view import render_compare
+        from ttft.reports.compare_view import render_compare, render_failure_rates
 
+        console = stdout_console()
+        render_failure_rates(failures, console, _CONFIDENCE)
         render_compare(
             table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts,
-            stdout_console(), _CONFIDENCE,
+            console, _CONFIDENCE,
         )
     if max_regression is None:
         return
@@ -104,7 +110,18 @@ def compare(
             ),
             soft_wrap=True,
         )
-    if len(worse):
+    more_failures = failure_regressions(failures, max_regression)
+    for row in more_failures.itertuples(index=False):
+        err.print(
+            Text(
+                f"failures ({row.condition}) {row.a_rate:.1%} → {row.b_rate:.1%} "
+                f"[CI of the rise {row.ci_lo_pp:+.1f}…{row.ci_hi_pp:+.1f} points] "
+                f"exceeds {max_regression:g}%",
+                style="red",
+            ),
+            soft_wrap=True,
+        )
+    if len(worse) or len(more_failures):
         raise typer.Exit(code=1)
     err.print(Text(f"no significant regression over {max_regression:g}%", style="green"))
 

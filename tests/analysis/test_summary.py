@@ -78,11 +78,15 @@ def test_conditions_are_separate(summary):
 
 
 def test_inter_token_latency(summary):
-    itl = summary["itl_ms"]
-    gaps = [2, 2, 3, 1, 1]
-    assert itl["p50"] == pytest.approx(np.percentile(gaps, 50))
-    assert itl["mean"] == pytest.approx(np.mean(gaps))
-    assert itl["tpot_mean"] == pytest.approx(np.mean([2, 3, 1]))
+    gaps = [2, 2, 3, 1, 1]  # pooled over every request's consecutive chunks
+    assert summary["chunk_gap_ms"]["p50"] == pytest.approx(np.percentile(gaps, 50))
+    assert summary["chunk_gap_ms"]["mean"] == pytest.approx(np.mean(gaps))
+    per_request = [2, 3, 1]  # each request's mean gap: percentiles over requests
+    assert summary["itl_ms"]["mean"] == pytest.approx(np.mean(per_request))
+    assert summary["itl_ms"]["p50"] == pytest.approx(np.percentile(per_request, 50))
+    assert summary["itl_ms"]["requests"] == 3
+    # no usage in these traces: tokens are the chunks, so TPOT equals ITL
+    assert summary["tpot_ms"] == summary["itl_ms"]
 
 
 def test_tail_against_middle(summary):
@@ -136,3 +140,17 @@ def test_percentile_bands_of_few_requests_use_the_nearest():
     assert bands.loc["p50", "ttft_ms"] == pytest.approx(ttft_ms[1])
     mask = np.zeros(3, bool)
     assert percentile_bands(attr, mask).empty
+
+
+def test_tpot_uses_usage_tokens_and_second_and_reasoning_tokens_are_timed():
+    ms = 1_000_000
+    rows = request(1, 0, 0, [2, 4, 6]) + request(2, 0, 0, [30, 31])
+    rows[0] = row(1, 101, "client", 10_000 * ms, 10_100 * ms, completion_tokens=5, **CLIENT)
+    rows.append(event(1, 150, "first_reasoning", 10_000 * ms + ms, **CLIENT))
+    asm = assemble(table(rows))
+    out = summarize(attribute(asm, "client", "exclusive"), asm).to_dict()
+    # request 1: 4 ms from first to last chunk over 5 - 1 tokens; request 2: 1 ms, 2 chunks
+    assert (out["tpot_ms"]["p50"], out["tpot_ms"]["requests"]) == (pytest.approx(1.0), 2)
+    assert out["itl_ms"]["mean"] == pytest.approx((2 + 1) / 2)
+    assert out["ttst_ms"]["mean"] == pytest.approx((4 + 31) / 2)  # second chunk, from start
+    assert (out["ttfrt_ms"]["mean"], out["ttfrt_ms"]["requests"]) == (pytest.approx(1.0), 1)

@@ -129,7 +129,9 @@ def test_failures_are_recorded_not_raised(url):
     bad_model = asyncio.run(run(url, work, model="no-such-model"))
     assert [r.status_code for r in bad_model] == [404, 404]
     assert all("HTTP 404" in r.error and r.ttft_s is None for r in bad_model)
+    assert [r.outcome for r in bad_model] == ["http_error", "http_error"]
     assert json.loads(client_span(bad_model[0])["attributes"])["error"].startswith("HTTP 404")
     refused = asyncio.run(run("http://127.0.0.1:9", work[:1], timeout_s=5.0))
     assert refused[0].status_code is None and refused[0].error
+    assert refused[0].outcome == "client_error"
     assert len(results_table(refused)) >= 2  # the client span and its scheduled event

@@ -7,6 +7,7 @@ the pool's connections opened ahead of time. Every test is bounded by ``TIMEOUT_
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import struct
 from collections.abc import Awaitable, Callable, Sequence
@@ -828,3 +829,69 @@ def test_the_pool_never_has_more_than_max_connections_open():
 
     accepted, open_ = run(main)
     assert accepted <= 2 and open_ <= 2
+
+
+def _status(code: int, reason: bytes, body: bytes) -> bytes:
+    return b"HTTP/1.1 %d %s\r\nContent-Length: %d\r\n\r\n%s" % (code, reason, len(body), body)
+
+
+_TEXT = b'data: {"id":"r1","choices":[{"text":"Hi","finish_reason":null}]}\n\n'
+_FINISH = b'data: {"id":"r1","choices":[{"text":"","finish_reason":"length"}]}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("reply", "outcome", "error"),
+    [
+        (Reply((SSE_OK,)), "ok", None),
+        (Reply((chunked(_TEXT + _FINISH),)), "ok", None),  # a finish reason, no [DONE]
+        (Reply((chunked(_TEXT),)), "disconnected",
+         "stream ended without [DONE] or a finish reason"),
+        # [DONE] sent, then the connection dropped before the chunked framing ended
+        (Reply((b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"%x\r\n%s\r\n" % (len(SSE), SSE),), close=True), "disconnected",
+         "ConnectionError: the server closed the connection before the response ended"),
+        (Reply((_status(429, b"Too Many Requests", b"busy"),)), "shed", "HTTP 429: busy"),
+        (Reply((_status(503, b"Service Unavailable", b"later"),)), "shed", "HTTP 503: later"),
+        (Reply((_status(404, b"Not Found", b"no model"),)), "http_error", "HTTP 404: no model"),
+        (Reply((chunked(b'data: {"error":{"message":"boom"}}\n\n', b"data: [DONE]\n\n"),)),
+         "http_error", "boom"),
+        (Reply((chunked(b"data: {not json\n\n", b"data: [DONE]\n\n"),)), "http_error",
+         "bad SSE data: '{not json'"),
+        (Reply(), "timeout", "timed out after 0.3 s"),  # read, never answered
+    ],
+    ids=["done", "finish-reason", "no-end", "dropped-after-done", "429", "503", "404",
+         "error-event", "bad-event", "timeout"],
+)
+def test_every_request_gets_an_outcome_on_its_client_span(reply, outcome, error):
+    async def main():
+        async with Server(scripted([reply])) as srv:
+            pool = Pool(Origin(srv.url), 1, spare=0)
+            try:
+                req = Request(0, clock_ns())
+                req.start_ns = clock_ns()
+                return await send(pool, req, WIRE, 0.3)
+            finally:
+                await pool.close()
+
+    result = run(main)
+    assert (result.outcome, result.error) == (outcome, error)
+    client = next(row for row in result.rows if row["stage"] == "client")
+    attributes = json.loads(client["attributes"])
+    assert attributes["outcome"] == outcome and attributes.get("error") == error
+
+
+def test_a_request_that_never_connected_is_a_client_error():
+    async def main():
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        pool = Pool(Origin(f"http://127.0.0.1:{port}"), 1, spare=0)
+        try:
+            req = Request(0, clock_ns())
+            req.start_ns = clock_ns()
+            return await send(pool, req, WIRE, 2.0)
+        finally:
+            await pool.close()
+
+    result = run(main)
+    assert result.outcome == "client_error" and result.error.startswith("ConnectionRefusedError")

@@ -71,21 +71,31 @@ def test_analyze_json_shape_and_values(trace):
         "boundary",
         "policy",
         "requests",
+        "requests_ok",
+        "failures",
+        "failure_examples",
+        "failed_first_token",
         "ttft_ms",
         "stages",
         "conditions",
         "itl_ms",
+        "tpot_ms",
+        "chunk_gap_ms",
+        "ttst_ms",
+        "ttfrt_ms",
         "tail",
         "quality",
     ]
     assert (out["boundary"], out["policy"], out["requests"]) == ("client", "exclusive", 300)
+    assert (out["requests_ok"], out["failures"], out["failed_first_token"]) == (300, {}, None)
     assert out["trace"] == str(trace)
     assert set(out["conditions"]) == {"cold", "prefix_hit"}
     assert sum(c["requests"] for c in out["conditions"].values()) == 300
     assert sum(s["share"] for s in out["stages"].values()) == pytest.approx(1.0)
     assert out["stages"]["gpu"]["overlap_mean"] == 0.0
     assert out["stages"]["prefill"]["overlap_mean"] > 0
-    assert set(out["itl_ms"]) >= {"p50", "p90", "p99", "mean"}
+    assert set(out["itl_ms"]) == {"p50", "p90", "p99", "mean", "requests"}
+    assert out["itl_ms"]["requests"] == 300 and out["ttfrt_ms"] is None
     assert all(v == 0 for v in out["quality"].values())
 
 

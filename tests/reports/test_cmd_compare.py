@@ -70,7 +70,9 @@ def test_json(traces):
     )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
-    assert list(out) == ["a", "b", "boundary", "policy", "resamples", "seed", "rows"]
+    assert list(out) == ["a", "b", "boundary", "policy", "resamples", "seed", "rows", "failures"]
+    assert [(f["condition"], f["a_failed"], f["b_failed"]) for f in out["failures"]] == [
+        ("all", 0, 0), ("cold", 0, 0), ("prefix_hit", 0, 0)]
     assert (out["a"], out["b"]) == (traces["a"], traces["slow"])
     assert (out["boundary"], out["policy"], out["resamples"], out["seed"]) == (
         "client",

@@ -1,0 +1,102 @@
+"""Each request's outcome, from its client span (DESIGN.md, "TTFT windows"; private to
+``analysis``).
+
+The load generator writes ``outcome`` (one of ``tracer.schema.OUTCOMES``), ``status_code``
+and ``error`` on the ``client`` span. A trace written before outcomes existed has only
+``status_code`` and ``error``: its outcome is read back from them (429/503 → ``shed``,
+another status than 200 → ``http_error``, ``timed out`` → ``timeout``, any other error →
+``disconnected``). A request without a client span has no outcome the client saw (None),
+and counts as ``ok`` where TTFT figures are made: its server view is all there is.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ttft.analysis import _columns as col
+from ttft.tracer.schema import (
+    ATTR_ERROR,
+    ATTR_OUTCOME,
+    ATTR_STATUS_CODE,
+    OUTCOME_OK,
+    OUTCOMES,
+)
+
+_FAILURES = OUTCOMES[1:]
+_SHED = (429, 503)
+
+
+def _matches(texts: pa.Array, pattern: str) -> np.ndarray:
+    found = pc.fill_null(pc.match_substring_regex(texts, pattern), False)
+    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def client_outcomes(attributes: pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
+    """The outcome of each client span of ``rows`` (ascending), as an object array."""
+    out = np.full(len(rows), OUTCOME_OK, dtype=object)
+    if len(rows) == 0:
+        return out
+    texts = col.take(attributes, rows)
+    if pa.types.is_dictionary(texts.type) or pa.types.is_large_string(texts.type):
+        texts = texts.cast(pa.string())
+    said = _matches(texts, rf'"{ATTR_OUTCOME}"\s*:')
+    for kind in _FAILURES:
+        out[_matches(texts, rf'"{ATTR_OUTCOME}"\s*:\s*"{kind}"')] = kind
+    legacy = ~said & _matches(texts, rf'"{ATTR_ERROR}"\s*:\s*"')
+    if legacy.any():
+        status = col.int_attribute(attributes, rows, ATTR_STATUS_CODE)
+        timed_out = _matches(texts, rf'"{ATTR_ERROR}"\s*:\s*"timed out')
+        guess = np.where(
+            np.isin(status, _SHED),
+            "shed",
+            np.where(
+                (status >= 0) & (status != 200),
+                "http_error",
+                np.where(timed_out, "timeout", "disconnected"),
+            ),
+        )
+        out[legacy] = guess[legacy]
+    return out
+
+
+def failure_details(attributes: pa.ChunkedArray, rows: np.ndarray) -> tuple[list, list]:
+    """``status_code`` (int or None) and ``error`` (str or None) of each of ``rows``: the
+    few failed client spans, parsed one by one (malformed attributes give None)."""
+    statuses, errors = [], []
+    for text in col.take(attributes, rows).to_pylist():
+        try:
+            value = json.loads(text) if text else {}
+        except ValueError:
+            value = {}
+        value = value if isinstance(value, dict) else {}
+        status, error = value.get(ATTR_STATUS_CODE), value.get(ATTR_ERROR)
+        statuses.append(status if isinstance(status, int) and not isinstance(status, bool)
+                        else None)
+        errors.append(error if isinstance(error, str) else None)
+    return statuses, errors
+
+
+def request_outcomes(
+    attributes: pa.ChunkedArray, client_rows: np.ndarray, req: np.ndarray, n_req: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request: its outcome (None without a client span), status code and error (None
+    for ``ok``). A request with several client spans takes the first failed one's (by row),
+    else ``ok``."""
+    outcome = np.full(n_req, None, dtype=object)
+    status = np.full(n_req, None, dtype=object)
+    error = np.full(n_req, None, dtype=object)
+    kinds = client_outcomes(attributes, client_rows)
+    owner = req[client_rows]
+    outcome[owner] = OUTCOME_OK
+    failed = np.flatnonzero(kinds != OUTCOME_OK)
+    if len(failed):
+        codes, texts = failure_details(attributes, client_rows[failed])
+        last_first = failed[::-1]  # numpy writes repeated indices in order: the first wins
+        outcome[owner[last_first]] = kinds[last_first]
+        status[owner[last_first]] = np.asarray(codes[::-1], dtype=object)
+        error[owner[last_first]] = np.asarray(texts[::-1], dtype=object)
+    return outcome, status, error
