@@ -22,13 +22,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import httpx
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.collectors import loadgen, workloads
+from ttft.collectors._server_models import choose_model, server_models
 from ttft.collectors.workloads import WorkItem
 from ttft.collectors.writer import TraceWriter
+from ttft.tracer.schema import OUTCOME_OK
 
 __all__ = ["TraceRun", "TraceSpec", "build_workload", "server_models", "trace_server"]
 
@@ -146,27 +147,6 @@ def build_workload(spec: TraceSpec) -> list[WorkItem]:
                                shared_fraction=spec.shared_fraction, seed=spec.seed)
 
 
-def server_models(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
-    """The server's ``GET /v1/models`` answer.
-
-    Raises:
-        ConnectionError: the server cannot be reached or answers with an error.
-    """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ConnectionError(f"{url}: cannot reach the server ({exc})") from None
-    if response.status_code != 200:
-        raise ConnectionError(f"{url}/v1/models: HTTP {response.status_code} "
-                              f"{response.text[:200]}")
-    try:
-        out = response.json()
-    except ValueError:
-        raise ConnectionError(f"{url}/v1/models: the answer is not JSON") from None
-    return out if isinstance(out, dict) else {"data": out}
-
-
 @dataclass
 class TraceRun:
     """What a traced run did.
@@ -175,7 +155,10 @@ class TraceRun:
         trace: the trace file written.
         results: the client's view of every request, in workload order.
         model: the model traced.
-        exact_prompts: True when the server's ``/tokenize`` fitted every prompt exactly.
+        exact_prompts: True when the server's tokenizer fitted every prompt exactly.
+        prompt_lengths: how exact they are and why, as the run metadata says it.
+        notes: what the user should know about the run, one line each: approximate prompt
+            lengths and why, a model taken on trust because ``/v1/models`` listed none.
         server_spans: span rows the receiver stored.
         joined: requests with at least one span from the server.
         receiver: the OTLP/HTTP endpoint the server could export to.
@@ -186,6 +169,8 @@ class TraceRun:
     results: list[loadgen.RequestResult]
     model: str
     exact_prompts: bool
+    prompt_lengths: str
+    notes: tuple[str, ...]
     server_spans: int
     joined: int
     receiver: str
@@ -193,7 +178,7 @@ class TraceRun:
 
     @property
     def errors(self) -> int:
-        return sum(1 for r in self.results if r.error)
+        return sum(1 for r in self.results if r.outcome != OUTCOME_OK)
 
 
 class _SeenSink:
@@ -231,9 +216,12 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
                  after_load: Callable[[], None] | None = None) -> TraceRun:
     """Run ``spec`` against its server and write one trace to ``out``.
 
-    Steps: ask ``/v1/models``; start the OTLP receiver(s); build the workload and fit its
-    prompts exactly through ``/tokenize`` when the server has one; send it; wait (at most
-    ``span_wait_s``) until every answered request's trace has spans from the server; stop.
+    Steps: ask ``/v1/models`` (a server without it is traced with ``spec.model``); build
+    the workload and fit its prompts exactly through the server's tokenizer endpoint when
+    it has one (:func:`workloads.fit_prompts`: any failure there leaves them approximate,
+    the reason in the metadata and in ``notes``); start the OTLP receiver(s); send it;
+    wait (at most ``span_wait_s``) until every answered request's trace has spans from the
+    server; stop.
 
     Interrupted by Ctrl-C (``KeyboardInterrupt``) or, while it runs, by SIGTERM (which it
     handles as Ctrl-C; on the main thread only, the previous handler is restored after), it
@@ -249,19 +237,23 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
             stops and flushes its spans here, so even its longest spans arrive).
 
     Raises:
-        ValueError: a bad option. ConnectionError: the server is unreachable or has no such
-        model. OSError: the receiver cannot bind, or ``out`` cannot be written.
+        ValueError: a bad option. ConnectionError: the server is unreachable, has no such
+        model, or no model is known (no ``spec.model`` and no model list). OSError: the
+        receiver cannot bind, or ``out`` cannot be written.
         KeyboardInterrupt: Ctrl-C or SIGTERM, after the trace was closed.
     """
     started = time.perf_counter()
     with _sigterm_as_interrupt():
         items = build_workload(spec)
-        model, models = _choose_model(spec)
-        fitted = asyncio.run(workloads.fit_to_server(spec.url, items, model=model,
-                                                     api_key=spec.api_key))
-        exact = fitted is not None and all(it.exact for it in fitted if it.target_tokens)
-        items = fitted if fitted is not None else items
-        writer = TraceWriter(out, metadata=_run_metadata(spec, model, models, fitted, exact))
+        model, models = choose_model(spec.url, spec.model, spec.api_key)
+        fit = asyncio.run(workloads.fit_prompts(spec.url, items, model=model,
+                                                api_key=spec.api_key))
+        items = fit.items
+        lengths = _prompt_lengths(fit)
+        notes = tuple(([] if fit.exact else [f"prompt lengths {lengths}"])
+                      + ([f"model {model!r} not checked: {models['error']}"]
+                         if "error" in models else []))
+        writer = TraceWriter(out, metadata=_run_metadata(spec, model, models, fit))
         sink = _SeenSink(writer)
         receivers: list[Any] = []
         try:
@@ -285,8 +277,8 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
             writer.close()
     with sink.lock:
         joined = len({r.trace_id for r in results} & sink.trace_ids)
-    return TraceRun(Path(out), results, model, exact, sink.rows, joined, endpoint,
-                    time.perf_counter() - started)
+    return TraceRun(Path(out), results, model, fit.exact, lengths, notes, sink.rows, joined,
+                    endpoint, time.perf_counter() - started)
 
 
 @contextlib.contextmanager
@@ -314,34 +306,27 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _choose_model(spec: TraceSpec) -> tuple[str, dict[str, Any]]:
-    """The model to trace (the spec's, else the server's first) and ``/v1/models``' answer.
-
-    Raises:
-        ConnectionError: the server is unreachable, lists no model, or not the spec's.
-    """
-    models = server_models(spec.url, spec.api_key)
-    ids = [m.get("id") for m in models.get("data") or () if isinstance(m, dict)]
-    model = spec.model or (ids[0] if ids else None)
-    if model is None:
-        raise ConnectionError(f"{spec.url}/v1/models lists no model; pass --model")
-    if ids and model not in ids:
-        raise ConnectionError(f"{spec.url} does not serve {model!r} (it serves: "
-                              f"{', '.join(map(str, ids))})")
-    return model, models
+def _prompt_lengths(fit: workloads.PromptFit) -> str:
+    """``exact (…)``, ``mostly exact (…)`` or ``approximate (…)``, with the tokenizer
+    endpoint that counted or the reason it could not."""
+    if fit.exact:
+        return f"exact ({fit.tokenizer})" if fit.tokenizer else "exact (nothing to fit)"
+    if fit.tokenizer is not None:
+        return f"mostly exact ({fit.reason})"
+    return f"approximate (one word per token; {fit.reason})"
 
 
 def _run_metadata(spec: TraceSpec, model: str, models: dict[str, Any],
-                  fitted: list[WorkItem] | None, exact: bool) -> dict[str, Any]:
-    """The trace's run metadata: command, arguments (no secrets), server, versions."""
+                  fit: workloads.PromptFit) -> dict[str, Any]:
+    """The trace's run metadata: command, arguments (no secrets), server, prompt lengths
+    (and the tokenizer endpoint that counted them), versions."""
     arguments = {k: v for k, v in asdict(spec).items() if k not in ("api_key", "receiver_token")}
     return {
         "command": "ttft trace",
         "arguments": arguments,
         "server": {"url": spec.url, "model": model, "models": models},
-        "prompt_lengths": ("exact (server /tokenize)" if exact else
-                           "approximate (one word per token; the server has no /tokenize)"
-                           if fitted is None else "mostly exact (some could not be fitted)"),
+        "prompt_lengths": _prompt_lengths(fit),
+        "prompt_tokenizer": fit.tokenizer,
         "versions": _versions(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

@@ -3,8 +3,9 @@ lengths (optionally sharing prefixes), and replay of request traces such as Moon
 
 Generated prompts are text built from a fixed word list, one deterministic stream per key,
 so equal keys give equal text (and equal prefix-cache blocks on the server). Their length
-is first approximate (a word stands in for a token); :func:`fit_to_server` then makes each
-prompt exactly its target length through the server's ``/tokenize`` when it has one.
+is first approximate (a word stands in for a token); :func:`fit_prompts` then makes each
+prompt exactly its target length through the server's tokenizer endpoint when it has one
+(vLLM's, llama-cpp-python's or TGI's dialect, ``collectors._server_tokenizer``).
 ("Synthetic" in ttft means the synthetic trace generator, ``collectors.synthetic``, only.)
 """
 
@@ -15,16 +16,18 @@ import csv
 import json
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 import numpy as np
 
+from ttft.collectors._server_tokenizer import ServerTokenizer, TokenizerUnavailable
+
 __all__ = [
-    "BLOCK_TOKENS", "WorkItem", "Workload", "burst", "constant", "fit_to_server",
-    "generated_prompts", "poisson", "read_replay", "workload",
+    "BLOCK_TOKENS", "PromptFit", "WorkItem", "Workload", "burst", "constant", "fit_prompts",
+    "fit_to_server", "generated_prompts", "poisson", "read_replay", "workload",
 ]
 
 BLOCK_TOKENS = 512
@@ -43,7 +46,7 @@ class WorkItem:
         target_tokens: the prompt length asked for, in tokens (None: not specified).
         shared_chars: the first ``shared_chars`` characters of a text prompt are shared
             with other requests and must stay as they are when the length is fitted.
-        exact: True once a server's ``/tokenize`` confirmed ``target_tokens``.
+        exact: True once the server's tokenizer confirmed ``target_tokens``.
     """
 
     arrival_s: float
@@ -259,58 +262,86 @@ def _text(key: str, n_words: int) -> str:
 
 # -- exact lengths through the server ---------------------------------------------------------
 
+@dataclass(frozen=True)
+class PromptFit:
+    """What :func:`fit_prompts` made of a workload's prompt lengths.
+
+    Attributes:
+        items: the items, fitted when the server counted tokens, else as they were.
+        tokenizer: the endpoint that counted (a ``_server_tokenizer`` dialect name, such
+            as ``"vLLM /tokenize"``); None when none did or nothing needed counting.
+        reason: why the lengths are not all exact, in one line (what each tokenizer
+            endpoint answered, how the fit failed, or how many prompts kept the closest
+            length); None when they are.
+    """
+
+    items: list[WorkItem]
+    tokenizer: str | None
+    reason: str | None
+
+    @property
+    def exact(self) -> bool:
+        """True when every text prompt is exactly its ``target_tokens`` long."""
+        return self.reason is None
+
+
+async def fit_prompts(base_url: str, items: Sequence[WorkItem], *, model: str | None = None,
+                      api_key: str | None = None, parallel: int = 8,
+                      timeout_s: float = 10.0) -> PromptFit:
+    """Make every text prompt exactly ``target_tokens`` long by the server's tokenizer, in
+    whichever known dialect it speaks (vLLM's ``/tokenize``, llama-cpp-python's
+    ``/extras/tokenize/count``, TGI's ``/tokenize``, tried in turn on the first prompt).
+
+    For each item, the words after its shared part are grown or cut (at most a few counts
+    each) until the server counts ``target_tokens``; the shared part never changes, so
+    prefix sharing survives. Items that cannot be fitted exactly (a tokenizer that merges
+    across words) keep the closest length and ``exact=False``.
+
+    Never fails on the server's account: no tokenizer endpoint, any status, a body of
+    another shape, a timeout (``timeout_s`` a call) or a broken connection, before or
+    during the fit, gives back the items as they were with the reason.
+    """
+    todo = [i for i, it in enumerate(items)
+            if it.target_tokens is not None and isinstance(it.prompt, str)]
+    if not todo:
+        return PromptFit(list(items), None, None)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
+        try:
+            tokenizer = await ServerTokenizer.find(client, base_url, str(items[todo[0]].prompt),
+                                                   model, parallel)
+        except TokenizerUnavailable as exc:
+            return PromptFit(list(items), None, f"no tokenizer endpoint counted tokens ({exc})")
+        name = tokenizer.dialect.name
+        tasks = [asyncio.ensure_future(_fit_one(i, items[i], tokenizer.count)) for i in todo]
+        try:
+            done = await asyncio.gather(*tasks)
+        except TokenizerUnavailable as exc:
+            return PromptFit(list(items), None, f"{name} failed during the fit ({exc})")
+        finally:  # after a failure the other searches stop at once
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    fitted = list(items)
+    for i, item in zip(todo, done, strict=True):
+        fitted[i] = item
+    missed = sum(1 for i in todo if not fitted[i].exact)
+    return PromptFit(fitted, name, f"{missed} of {len(todo)} prompts kept the closest length "
+                     f"{name} allows" if missed else None)
+
+
 async def fit_to_server(base_url: str, items: Sequence[WorkItem], *, model: str | None = None,
                         api_key: str | None = None, parallel: int = 8,
-                        timeout_s: float = 30.0) -> list[WorkItem] | None:
-    """Make every text prompt exactly ``target_tokens`` long by the server's tokenizer.
-
-    For each item, the words after its shared part are grown or cut (at most a few
-    ``/tokenize`` calls each) until the server counts ``target_tokens``; the shared part
-    never changes, so prefix sharing survives. Items that cannot be fitted exactly (a
-    tokenizer that merges across words) keep the closest length and ``exact=False``.
-
-    Returns:
-        The fitted items, or None when the server has no usable ``/tokenize`` (404, 405,
-        501 or a response without ``count``): the caller keeps the approximate prompts.
-    """
-    url = base_url.rstrip("/") + "/tokenize"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    gate = asyncio.Semaphore(parallel)
-    cache: dict[str, int] = {}
-
-    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
-        async def count(text: str) -> int:
-            if text not in cache:
-                body: dict[str, Any] = {"prompt": text}
-                if model is not None:
-                    body["model"] = model
-                async with gate:
-                    response = await client.post(url, json=body)
-                if response.status_code in (404, 405, 501):
-                    raise _NoTokenizer(f"HTTP {response.status_code}")
-                response.raise_for_status()
-                value = response.json().get("count")
-                if not isinstance(value, int):
-                    raise _NoTokenizer("no count in the /tokenize response")
-                cache[text] = value
-            return cache[text]
-
-        async def fit(index: int, item: WorkItem) -> WorkItem:
-            if item.target_tokens is None or not isinstance(item.prompt, str):
-                return item
-            return await _fit_one(index, item, count)
-
-        try:
-            return list(await asyncio.gather(*(fit(i, it) for i, it in enumerate(items))))
-        except _NoTokenizer:
-            return None
+                        timeout_s: float = 10.0) -> list[WorkItem] | None:
+    """:func:`fit_prompts`' items, or None when the server counted no tokens (the caller
+    keeps the approximate prompts)."""
+    fit = await fit_prompts(base_url, items, model=model, api_key=api_key, parallel=parallel,
+                            timeout_s=timeout_s)
+    return None if fit.tokenizer is None and fit.reason is not None else fit.items
 
 
-class _NoTokenizer(Exception):
-    pass
-
-
-async def _fit_one(index: int, item: WorkItem, count: Any) -> WorkItem:
+async def _fit_one(index: int, item: WorkItem,
+                   count: Callable[[str], Awaitable[int]]) -> WorkItem:
     """Search the number of tail words whose prompt counts ``target_tokens`` tokens."""
     assert isinstance(item.prompt, str) and item.target_tokens is not None
     shared = item.prompt[:item.shared_chars].rstrip()

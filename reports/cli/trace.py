@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ttft.reports.cli._app import analyze_trace, app, err, fail, print_summary
 from ttft.reports.cli._progress import RunDisplay
@@ -100,18 +101,18 @@ def trace(
     with RunDisplay(err) as display:
         try:
             run = trace_server(spec, out, **display.callbacks())
-        except ValueError as exc:
-            raise fail(str(exc)) from None
-        except ConnectionError as exc:
-            raise fail(str(exc)) from None
+        except (ValueError, ConnectionError) as exc:  # may quote a server's body: escaped
+            raise fail(escape(str(exc))) from None
         except OSError as exc:
             raise fail(f"{exc.strerror or exc} ({exc.filename or 'receiver or output'})") from None
-    lengths = "exact" if run.exact_prompts else "approximate"
+    lengths = run.prompt_lengths.partition(" (")[0]  # exact, mostly exact or approximate
     err.print(
         f"{len(run.results)} requests ({run.errors} failed) in {run.seconds:.1f} s; prompt "
         f"lengths {lengths}; {run.server_spans} span rows from the server, "
         f"{run.joined}/{len(run.results)} requests joined; trace: {run.trace}"
     )
+    for note in run.notes:  # approximate prompt lengths and why; a model not checked
+        err.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
     if run.server_spans == 0:
         err.print(
             f"[yellow]the server sent no spans to {run.receiver}: the analysis below is the "

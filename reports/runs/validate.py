@@ -31,6 +31,7 @@ from ttft.collectors import TraceWriter, loadgen, read_spans, workloads
 from ttft.collectors.otel_exporter import ParquetSpanExporter
 from ttft.engine.faults import DELAY_STAGES as ENGINE_DELAY_STAGES
 from ttft.tracer import configure
+from ttft.tracer.schema import OUTCOME_OK
 
 __all__ = [
     "DEFAULT_DELAYS_MS",
@@ -221,7 +222,7 @@ def _run_phase(
         tracing.shutdown()  # flushes the server's spans and closes the writer
     attribution = analyze(read_spans(trace), boundary=BOUNDARY, policy=POLICY).attribution
     # the warm-up and /tokenize requests reached the server too: keep the workload's
-    traced = {r.trace_id for r in results if r.error is None}
+    traced = {r.trace_id for r in results if r.outcome == OUTCOME_OK}
     keep = attribution.requests["trace_id"].isin(traced).to_numpy()
     parts_ms = attribution.attributed[keep] / 1e6
     medians = {stage: _median(parts_ms[stage].to_numpy()) for stage in DELAY_STAGES}
@@ -231,7 +232,7 @@ def _run_phase(
         trace,
         dict(delays_ms),
         len(results),
-        sum(1 for r in results if r.error is not None),
+        sum(1 for r in results if r.outcome != OUTCOME_OK),
         int(keep.sum()),
         medians,
     )
