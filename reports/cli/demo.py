@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ttft.reports.cli._app import app, err, fail, stdout_console
+
+if TYPE_CHECKING:
+    from ttft.reports.runs.demo import Capacity, DemoResult
 
 
 @app.command()
@@ -17,29 +20,34 @@ def demo(
         Path, typer.Option("-o", "--out", help="folder for the trace and report.html")
     ] = Path("ttft-demo"),
     model: Annotated[str, typer.Option(help="model preset: tiny, small or base")] = "small",
-    rate: Annotated[float, typer.Option(min=0.01, help="Poisson arrivals per second")] = 6.0,
+    rate: Annotated[
+        float | None,
+        typer.Option(min=0.01, help="Poisson arrivals per second (default: 60% of the "
+                     "capacity a short probe measures first; giving it skips the probe)"),
+    ] = None,
     seed: Annotated[int, typer.Option(help="seed for everything random")] = 0,
 ) -> None:
     """Start the reference server in-process on a free loopback port (CPU), trace a mixed
     Poisson workload from the client and the server into one Parquet trace, and print
-    where each request's time to first token went; the HTML report goes beside the trace."""
+    where each request's time to first token went; the HTML report goes beside the trace.
+    Unless --rate is given, a short closed loop first measures what this machine serves
+    and the demo offers 60% of it."""
     from ttft.reports.cli._progress import RunDisplay
-    from ttft.reports.runs.demo import run_demo
+    from ttft.reports.runs.demo import PROBE_CONCURRENCY, PROBE_S, run_demo
     from ttft.reports.terminal import render_analysis
 
     err.print(f"starting the reference server (model {model!r}, CPU) on a loopback port")
+    if rate is None:
+        err.print(f"measuring capacity: {PROBE_CONCURRENCY} requests in flight for about "
+                  f"{PROBE_S:.0f} s (--rate skips this)")
     try:
         with RunDisplay(err) as display:
-            result = run_demo(
-                out,
-                requests=requests,
-                model=model,
-                rate_per_s=rate,
-                seed=seed,
-                callbacks=display.callbacks(),
-            )
+            result = run_demo(out, requests=requests, model=model, rate_per_s=rate, seed=seed,
+                              on_rate=_print_rate, callbacks=display.callbacks())
     except OSError as exc:
         raise fail(f"{out}: {exc.strerror or exc}") from None
+    except RuntimeError as exc:
+        raise fail(f"{exc} (--rate R skips the capacity probe)") from None
     render_analysis(result.summary, stdout_console())
     from ttft.reports import report_data
     from ttft.reports.html_report import write_html
@@ -55,3 +63,31 @@ def demo(
         f"report: {report} (open it in a browser; try also: ttft report {result.trace}, "
         f"ttft analyze {result.trace} --boundary engine)"
     )
+    _print_load(result)
+
+
+def _print_rate(capacity: Capacity | None, rate_per_s: float) -> None:
+    """The capacity the probe measured and the rate the demo offers, before the run."""
+    from ttft.reports.runs.demo import LOAD_FRACTION
+
+    if capacity is None:
+        err.print(f"offered rate: {rate_per_s:.2f} requests/s (Poisson), as given by --rate")
+        return
+    err.print(f"capacity: {capacity.rate_per_s:.2f} requests/s ({capacity.requests} completed "
+              f"with {capacity.concurrency} in flight in {capacity.seconds:.1f} s)")
+    err.print(f"offered rate: {rate_per_s:.2f} requests/s (Poisson), {LOAD_FRACTION:.0%} of "
+              f"the capacity")
+
+
+def _print_load(result: DemoResult) -> None:
+    """The achieved rate, and one yellow line when any request was shed or failed."""
+    err.print(f"achieved rate: {result.achieved_rate_per_s:.2f} requests/s ({result.completed} "
+              f"of {result.requests} completed in {result.load_s:.1f} s; offered "
+              f"{result.offered_rate_per_s:.2f} requests/s)")
+    failed = result.errors - result.shed
+    parts = ([f"{result.shed} shed (HTTP 429/503)"] if result.shed else []) + (
+        [f"{failed} failed"] if failed else [])
+    if parts:
+        err.print(f"[yellow]{' and '.join(parts)} of {result.requests} requests: lower the load "
+                  f"with --rate (offered {result.offered_rate_per_s:.2f}/s)[/yellow]",
+                  soft_wrap=True)
