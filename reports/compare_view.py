@@ -97,12 +97,7 @@ def _condition_table(
 
 def _cells(row: Any) -> list[str | Text]:
     pct = "—" if math.isnan(row.delta_pct) else f"{row.delta_pct:+.1f}%"
-    if row.ci_lo_ms > 0:
-        marker = Text("worse", style="bold red")
-    elif row.ci_hi_ms < 0:
-        marker = Text("better", style="bold green")
-    else:
-        marker = Text("~", style="dim")
+    marker = _marker(row.ci_lo_ms, row.ci_hi_ms)
     return [
         "TTFT" if row.metric == "ttft" else row.metric,
         f"p{row.percentile}",
@@ -124,23 +119,26 @@ def render_failure_rates(table: pd.DataFrame, console: Console, confidence: floa
         out.add_column(name, justify="left" if name in ("condition", "A kinds", "B kinds")
                        else "right")
     for row in table.itertuples(index=False):
-        if row.ci_lo_pp > 0:
-            marker = Text("worse", style="bold red")
-        elif row.ci_hi_pp < 0:
-            marker = Text("better", style="bold green")
-        else:
-            marker = Text("~", style="dim")
         out.add_row(
             row.condition,
             f"{row.a_failed:,}/{row.a_requests:,} ({row.a_rate:.1%})",
             f"{row.b_failed:,}/{row.b_requests:,} ({row.b_rate:.1%})",
             f"{row.delta_pp:+.1f}",
             f"{row.ci_lo_pp:+.1f} … {row.ci_hi_pp:+.1f}",
-            marker,
+            _marker(row.ci_lo_pp, row.ci_hi_pp),
             _kinds(row.a_kinds),
             _kinds(row.b_kinds),
         )
     console.print(out)
+
+
+def _marker(ci_lo: float, ci_hi: float) -> Text:
+    """``worse`` or ``better`` when the interval of the rise excludes 0, else ``~``."""
+    if ci_lo > 0:
+        return Text("worse", style="bold red")
+    if ci_hi < 0:
+        return Text("better", style="bold green")
+    return Text("~", style="dim")
 
 
 def _kinds(kinds: dict[str, int]) -> str:

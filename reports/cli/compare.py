@@ -99,29 +99,19 @@ def compare(
         )
     if max_regression is None:
         return
-    worse = regressions(table, max_regression)
-    for row in worse.itertuples(index=False):
-        err.print(
-            Text(
-                f"TTFT p{row.percentile} ({row.condition}) {row.delta_pct:+.1f}% "
-                f"[CI {row.ci_lo_ms:+,.1f}…{row.ci_hi_ms:+,.1f} ms] "
-                f"exceeds {max_regression:g}%",
-                style="red",
-            ),
-            soft_wrap=True,
-        )
-    more_failures = failure_regressions(failures, max_regression)
-    for row in more_failures.itertuples(index=False):
-        err.print(
-            Text(
-                f"failures ({row.condition}) {row.a_rate:.1%} → {row.b_rate:.1%} "
-                f"[CI of the rise {row.ci_lo_pp:+.1f}…{row.ci_hi_pp:+.1f} points] "
-                f"exceeds {max_regression:g}%",
-                style="red",
-            ),
-            soft_wrap=True,
-        )
-    if len(worse) or len(more_failures):
+    lines = [
+        f"TTFT p{row.percentile} ({row.condition}) {row.delta_pct:+.1f}% "
+        f"[CI {row.ci_lo_ms:+,.1f}…{row.ci_hi_ms:+,.1f} ms] exceeds {max_regression:g}%"
+        for row in regressions(table, max_regression).itertuples(index=False)
+    ] + [
+        f"failures ({row.condition}) {row.a_rate:.1%} → {row.b_rate:.1%} "
+        f"[CI of the rise {row.ci_lo_pp:+.1f}…{row.ci_hi_pp:+.1f} points] "
+        f"exceeds {max_regression:g}%"
+        for row in failure_regressions(failures, max_regression).itertuples(index=False)
+    ]
+    for line in lines:
+        err.print(Text(line, style="red"), soft_wrap=True)
+    if lines:
         raise typer.Exit(code=1)
     err.print(Text(f"no significant regression over {max_regression:g}%", style="green"))
 
