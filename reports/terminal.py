@@ -125,10 +125,10 @@ def render_failures(summary: Summary, console: Console) -> None:
     )
     for kind, examples in summary.failure_examples.items():
         for example in examples:
-            status = f" HTTP {example['status_code']}" if example["status_code"] else ""
+            code, error = example["status_code"], example["error"] or "-"
+            status = f" HTTP {code}" if code and not error.startswith(f"HTTP {code}") else ""
             console.print(
-                Text(f"  {kind}: {example['trace_id']}{status}: {example['error'] or '-'}",
-                     style="red"),
+                Text(f"  {kind}: {example['trace_id']}{status}: {error}", style="red"),
                 soft_wrap=True,
             )
     seen = summary.failed_first_token
