@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from ttft.engine.admission import prompt_ids, too_long
 from ttft.engine.config import EngineConfig
 from ttft.engine.faults import async_sleep_for, delay_ns, merge_delays, sleep_for
 from ttft.engine.kv_cache import PagedKVCache
@@ -37,7 +38,7 @@ from ttft.engine.peaks import engine_metadata, record_engine_info
 from ttft.engine.policy import StepPlan, Waiting, plan_step
 from ttft.engine.prefix_cache import PrefixCache
 from ttft.engine.reservation import Reservations
-from ttft.engine.sampler import SamplingParams, make_generator, sample, sample_batch
+from ttft.engine.sampler import SamplingParams, make_generator, sample
 from ttft.engine.spans import (
     link_served,
     note_chunk,
@@ -158,7 +159,8 @@ class Engine:
         request_id: str | None = None,
         inject_delay_ms: dict[str, float] | None = None,
     ) -> RequestStream:
-        """Tokenize ``prompt`` (text, or token ids used as they are) and queue it.
+        """Tokenize ``prompt`` (text, or token ids used as they are) and queue it; a long
+        text is tokenized off the event loop (``ttft.engine.admission.prompt_ids``).
 
         Args:
             max_tokens: the most tokens to generate (EOS ends earlier).
@@ -172,8 +174,8 @@ class Engine:
         Raises:
             QueueFull: ``config.max_queue`` requests are waiting.
             EngineStopped: the engine is not running.
-            ValueError: empty prompt, bad ids, or a request that can never fit the model
-                or the K/V cache.
+            ValueError: empty prompt, text that is not valid Unicode, bad ids, or a request
+                that can never fit the model or the K/V cache.
         """
         if self._thread is None or self._stopping:
             raise EngineStopped("engine is not running; call start() first")
@@ -184,10 +186,11 @@ class Engine:
         # no open span of the request: it gets a trace of its own
         parent = request_parent(rid) or new_request_root(rid)
 
-        t0_ns = clock_ns()
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        await async_sleep_for(delays, "tokenize")
+        t0_ns, ids = clock_ns(), []
         try:  # tokenize ends where the queue begins: the checks and the state are its part
+            limit = self.model.config.max_seq_len
+            ids = await prompt_ids(self.tokenizer, prompt, max_tokens, limit)
+            await async_sleep_for(delays, "tokenize")
             self._validate(ids, max_tokens)
             params = sampling or SamplingParams()
             loop = asyncio.get_running_loop()
@@ -217,10 +220,7 @@ class Engine:
             raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
         total, limit = len(ids) + max_tokens, self.model.config.max_seq_len
         if total > limit:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
-                f"max_seq_len {limit}"
-            )
+            raise too_long(str(len(ids)), max_tokens, limit)
         if self._kv.blocks_for(total) > self.config.num_blocks:
             raise ValueError(f"{total} positions never fit {self.config.num_blocks} K/V blocks")
 
@@ -232,7 +232,7 @@ class Engine:
             try:
                 if self._iterate():
                     continue
-            except Exception as e:
+            except Exception as e:  # not one request's doing (those fail alone in _step)
                 log.exception("ttft engine: step failed; failing its requests")
                 for req in list(self._running):
                     self._drop(req, e)
@@ -327,16 +327,24 @@ class Engine:
         ) as span:
             link_served(span, served)
             for req, n in plan.prefill:
-                self._prefill(req, n, step_id)
+                self._isolated(req, self._prefill, req, n, step_id)
             if decode:
                 logits = decode_step(
                     self.model, self.cache, [r.seq for r in decode], [r.out_ids[-1] for r in decode]
                 )  # (B, V)
-                tokens = sample_batch(
-                    logits, [r.params for r in decode], [r.generator for r in decode]
-                )
-                for req, token in zip(decode, tokens, strict=True):
-                    self._emit(req, token)
+                for req, row in zip(decode, logits, strict=True):
+                    self._isolated(req, self._sample_next, req, row)
+
+    def _isolated(self, req: RequestState, work: Any, *args: Any) -> None:
+        """``work(*args)``, one request's part of a step: its failure fails ``req`` alone."""
+        try:
+            work(*args)
+        except Exception as e:
+            log.exception("ttft engine: request %s failed in its step", req.rid)
+            self._drop(req, e)
+
+    def _sample_next(self, req: RequestState, logits: Any) -> None:
+        self._emit(req, sample(logits, req.params, req.generator))
 
     # -- worker: a request's work -------------------------------------------------------
 

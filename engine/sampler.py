@@ -11,14 +11,36 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = [
+    "MIN_TEMPERATURE",
+    "MIN_TOP_P",
+    "SamplingError",
+    "SamplingParams",
+    "make_generator",
+    "sample",
+    "sample_batch",
+]
+
+MIN_TEMPERATURE = 1e-6
+"""The smallest non-zero temperature (as vLLM's sampling epsilon): below it the
+distribution is greedy to within float32, and ``logits / temperature`` overflows."""
+MIN_TOP_P = 1e-6
+"""The smallest ``top_p``: below it the mass underflows float32 (the top token alone)."""
+
+
+class SamplingError(ValueError):
+    """One row's logits give no distribution to draw from (non-finite or zero mass); only
+    the request of that row fails."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request picks its next token.
 
     Attributes:
-        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
-        top_p: nucleus mass in ``(0, 1]``; 1 keeps the whole vocabulary.
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it, which
+            must then be at least ``MIN_TEMPERATURE``.
+        top_p: nucleus mass in ``[MIN_TOP_P, 1]``; 1 keeps the whole vocabulary.
         seed: seeds the request's generator; None draws a fresh, unpredictable seed.
     """
 
@@ -31,8 +53,13 @@ class SamplingParams:
             raise ValueError(f"temperature must be a finite number, got {self.temperature!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
+                f"got {self.temperature!r}"
+            )
+        if not (isinstance(self.top_p, (int, float)) and MIN_TOP_P <= self.top_p <= 1):
+            raise ValueError(f"top_p must be in [{MIN_TOP_P:g}, 1], got {self.top_p!r}")
         bad_seed = isinstance(self.seed, bool) or not isinstance(self.seed, (int, type(None)))
         if bad_seed:
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
@@ -68,12 +95,25 @@ def sample(
 
     Returns:
         The token id. Ties in greedy mode go to the lowest id (``argmax``).
+
+    Raises:
+        SamplingError: the logits hold NaN or infinities, or ``temperature`` (bypassing
+            the checks of ``SamplingParams``) turns them into no distribution.
     """
     if logits.dim() != 1:
         raise ValueError(f"expected one row of logits (V,), got shape {tuple(logits.shape)}")
+    if not bool(torch.isfinite(logits).all()):
+        raise SamplingError("the logits are not finite: no distribution to sample from")
     if params.greedy:
         return int(logits.argmax())
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    # Shifted so the largest is 0: the top token keeps probability > 0 however small the
+    # temperature (the others underflow to 0 rather than the sum to 0/0).
+    shifted = logits.float() - logits.float().max()
+    probs = torch.softmax(shifted / params.temperature, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        raise SamplingError(
+            f"temperature {params.temperature!r} gives no distribution over these logits"
+        )
     if params.top_p >= 1:
         return int(torch.multinomial(probs, 1, generator=generator))
     # Stable so that among equal probabilities the lowest id ranks first, as argmax does.

@@ -18,6 +18,7 @@ tales and descriptive sketches written for this project and dedicated to the pub
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources
 import logging
@@ -43,6 +44,8 @@ _MIN_VOCAB = 256 + len(_SPECIALS)
 # A word that does not fit the remaining budget is skipped; after this many skips in a row
 # prompt_of_length fills the rest with one-byte chunks (exactly one token each).
 _MAX_SKIPS = 256
+# Longer texts are tokenized on the batch path, which releases the GIL (``encode``).
+_GIL_FREE_CHARS = 4096
 
 
 def corpus_text() -> str:
@@ -144,6 +147,13 @@ class Tokenizer:
         """Number of ids, special tokens included; ids are ``0 .. vocab_size - 1``."""
         return self._backend.get_vocab_size(with_added_tokens=True)
 
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes of text one token covers, so a text of ``n`` bytes is at
+        least ``ceil(n / max_token_bytes)`` tokens (a byte-level vocabulary spells each
+        byte as one character; a special token matched in text covers its own length)."""
+        return max(len(t) for t in self._backend.get_vocab(with_added_tokens=True))
+
     @property
     def bos_id(self) -> int:
         return self._special_id(BOS)
@@ -158,7 +168,15 @@ class Tokenizer:
         return token_id
 
     def encode(self, text: str) -> list[int]:
-        """Token ids for ``text``, without special tokens added."""
+        """Token ids for ``text``, without special tokens added.
+
+        Threading: a text over ``_GIL_FREE_CHARS`` is tokenized with the GIL released
+        (``tokenizers``' batch path; its single ``encode`` holds the GIL throughout), so
+        calling this from a worker thread leaves other Python threads running, bar the
+        final conversion of the ids to a list (about 70 ms a million ids).
+        """
+        if len(text) > _GIL_FREE_CHARS:
+            return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self._backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:

@@ -87,12 +87,14 @@ def create_app(
     Args:
         engine: started by the application's lifespan (if not yet) and stopped on shutdown.
         model_name: the only model the server accepts (404 for others).
-        api_key: when set, ``/v1/*``, ``/tokenize`` and ``/detokenize`` need
-            ``Authorization: Bearer <api_key>``.
+        api_key: when set, ``/v1/*``, ``/tokenize``, ``/detokenize`` and
+            ``/openapi.json`` need ``Authorization: Bearer <api_key>``; ``/docs`` and
+            ``/redoc`` are never served.
         traced: wrap the application in ``TTFTMiddleware`` (default).
         stop_timeout_s: the longest shutdown waits for the engine's worker.
     """
-    app = FastAPI(title="ttft", lifespan=_lifespan, docs_url=None, redoc_url=None)
+    # the schema is served by a route behind the API key (routes.openapi), the docs not at all
+    app = FastAPI(title="ttft", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ttft = ServerState(
         engine, model_name, Metrics(), api_key, int(time.time()), stop_timeout_s
     )

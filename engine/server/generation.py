@@ -47,6 +47,14 @@ def held_back(text: str, stops: Sequence[str]) -> int:
     return held
 
 
+def _first_stop(text: str, stops: Sequence[str], searched: int) -> int:
+    """Where the first stop string in ``text`` begins (-1 for none), knowing that none
+    ends within ``text[:searched]``: only the new tail is searched, so a long output costs
+    each token ``O(new text + longest stop)``, not ``O(output)``."""
+    found = (text.find(s, max(0, searched - len(s) + 1)) for s in stops)
+    return min((i for i in found if i >= 0), default=-1)
+
+
 def _usage(event: TokenEvent) -> dict[str, Any]:
     """OpenAI's usage body from a request's last token event."""
     u = event.usage
@@ -101,9 +109,9 @@ class Generation:
                 self._last_ns = ev.text_ns
                 if last is None:
                     self._first_token(ev)
-                last = ev
+                last, searched = ev, len(full)
                 full += ev.text
-                cut = min((i for i in (full.find(s) for s in self.stops) if i >= 0), default=-1)
+                cut = _first_stop(full, self.stops, searched)
                 if cut >= 0:
                     if cut > emitted:
                         yield full[emitted:cut]
@@ -124,9 +132,9 @@ class Generation:
             if last is not None:
                 self.outcome.usage = _usage(last)
             self._account("ok", last)
-        except BaseException:
+        except BaseException as e:  # an engine error, or the reader left (cancelled)
             self.stream.cancel()
-            self._account("cancelled", last)
+            self._account("error" if isinstance(e, Exception) else "cancelled", last)
             raise
 
     def close(self) -> None:
@@ -254,6 +262,11 @@ async def _events(gen: Generation, response: Response, include_usage: bool) -> A
         yield sse(APIError(503, str(e), type="server_error").body())
         yield _DONE
         return
+    except Exception as e:  # this request failed in the engine (its sampling, its prefill)
+        log.exception("ttft server: request %s failed", response.id)
+        yield sse(APIError(500, f"generation failed: {e}", type="server_error").body())
+        yield _DONE
+        return
     yield sse(response.chunk([response.choice(None, gen.outcome.finish_reason)], include_usage))
     if include_usage:
         yield sse(response.chunk([], include_usage, usage=gen.outcome.usage))
@@ -282,5 +295,6 @@ class _EngineStreamingResponse(StreamingResponse):
 def stream(gen: Generation, response: Response, include_usage: bool) -> StreamingResponse:
     """``gen`` as server-sent events: for chat a role chunk first, a chunk per text piece,
     a final chunk with the finish reason, the usage chunk when ``include_usage``, then
-    ``[DONE]``; an engine that stops mid-stream ends it with an error event."""
+    ``[DONE]``; an engine that stops mid-stream, or a generation that fails, ends it with an
+    error event then ``[DONE]``."""
     return _EngineStreamingResponse(_events(gen, response, include_usage), gen)

@@ -1,6 +1,11 @@
 """The server's request bodies (pydantic models, strict types, unknown fields allowed as
 OpenAI's API allows them) and its response bodies (OpenAI's completion and chat shapes,
-whole or as stream chunks)."""
+whole or as stream chunks).
+
+Every text field must be valid Unicode (JSON's ``\\ud800`` escape makes a lone surrogate,
+which no UTF-8 tokenizer can take): otherwise the body fails validation (400). ``stop``
+holds at most ``MAX_STOPS`` strings (OpenAI's limit) of at most ``MAX_STOP_CHARS``
+characters each."""
 
 from __future__ import annotations
 
@@ -8,9 +13,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 __all__ = [
+    "MAX_STOPS",
+    "MAX_STOP_CHARS",
     "ChatMessage",
     "ChatRequest",
     "CompletionRequest",
@@ -18,12 +35,30 @@ __all__ = [
     "Response",
     "SamplingRequest",
     "StreamOptions",
+    "Text",
     "TextPart",
     "TokenizeRequest",
     "chat_prompt",
 ]
 
 StrictFloat = Annotated[float, Strict()]
+MAX_STOPS = 4
+"""The most stop strings a request may carry (OpenAI's limit)."""
+MAX_STOP_CHARS = 256
+"""The longest stop string, in characters: bounds the text held back and searched per token."""
+
+
+def _valid_unicode(text: str) -> str:
+    """``text`` when it encodes as UTF-8; a lone surrogate is refused, naming its index."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text is not valid Unicode: {e.reason} at index {e.start}") from None
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_valid_unicode)]
+"""A strict string that is valid Unicode."""
 
 
 # -- request bodies --------------------------------------------------------------------
@@ -38,15 +73,26 @@ class SamplingRequest(BaseModel):
     """The fields completions and chat completions share."""
 
     model_config = ConfigDict(extra="allow")
-    model: StrictStr
+    model: Text
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
     seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: Text | list[Text] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt = Field(default=1, ge=1, le=1)
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+        longest = max((len(s) for s in stops), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ValueError(f"a stop string is at most {MAX_STOP_CHARS} characters, got {longest}")
+        return stop
 
     @property
     def include_usage(self) -> bool:
@@ -60,19 +106,19 @@ class SamplingRequest(BaseModel):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: StrictStr | list[StrictInt]
+    prompt: Text | list[StrictInt]
 
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: StrictStr = "text"
-    text: StrictStr
+    type: Text = "text"
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: StrictStr
-    content: StrictStr | list[TextPart] | None = None
+    role: Text
+    content: Text | list[TextPart] | None = None
 
 
 class ChatRequest(SamplingRequest):
@@ -82,14 +128,14 @@ class ChatRequest(SamplingRequest):
 
 class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
-    prompt: StrictStr
-    model: StrictStr | None = None
+    prompt: Text
+    model: Text | None = None
 
 
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     tokens: list[StrictInt]
-    model: StrictStr | None = None
+    model: Text | None = None
 
 
 def chat_prompt(messages: Sequence[ChatMessage]) -> str:

@@ -3,12 +3,16 @@ it serves from the application's ``ServerState`` (``app.state.ttft``).
 
 ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed as server-sent events or
 not, OpenAI shapes), ``POST /tokenize``, ``POST /detokenize`` (as vLLM has them),
-``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). With an API key set,
-every endpoint but ``/health`` and ``/metrics`` needs ``Authorization: Bearer <key>``.
+``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /openapi.json``
+(``/docs`` and ``/redoc`` are off). With an API key set, every endpoint but ``/health`` and
+``/metrics`` needs ``Authorization: Bearer <key>`` (a 401 says ``WWW-Authenticate: Bearer``).
+A long ``/tokenize`` input is tokenized off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hmac
 import time
 import uuid
@@ -18,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response as HTTPResponse
 
+from ttft.engine.admission import INLINE_TOKENIZE_BYTES
 from ttft.engine.engine import Engine, EngineStopped, QueueFull
 from ttft.engine.sampler import SamplingParams
 from ttft.engine.server.errors import APIError
@@ -38,6 +43,7 @@ __all__ = ["ServerState", "router"]
 
 _RETRY_AFTER_S = 1
 _DEFAULT_MAX_TOKENS = 16
+_IDS_PER_SLICE = 8192
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ async def authorize(request: Request) -> None:
             "missing or invalid API key: send 'Authorization: Bearer <key>'",
             type="authentication_error",
             code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
         )
 
 
@@ -183,11 +190,25 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
 
 
 @router.post("/tokenize", dependencies=_AUTH)
-async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+async def tokenize(body: TokenizeRequest, request: Request) -> HTTPResponse:
     state = _state(request)
     _check_model(state, body.model)
-    tokens = state.engine.tokenizer.encode(body.prompt)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+    answer = functools.partial(_tokenized, state.engine.tokenizer, body.prompt, state.max_model_len)
+    if len(body.prompt) <= INLINE_TOKENIZE_BYTES // 4:  # at most 4 UTF-8 bytes a character
+        return answer()
+    return await asyncio.to_thread(answer)
+
+
+def _tokenized(tokenizer: Any, prompt: str, max_model_len: int) -> HTTPResponse:
+    """The ``/tokenize`` body, serialized here in slices of ids: each slice is one short
+    hold of the GIL, so the event loop runs between them when this runs in a thread."""
+    tokens = tokenizer.encode(prompt)
+    ids = ",".join(
+        ",".join(map(str, tokens[i : i + _IDS_PER_SLICE]))
+        for i in range(0, len(tokens), _IDS_PER_SLICE)
+    )
+    body = f'{{"tokens":[{ids}],"count":{len(tokens)},"max_model_len":{max_model_len}}}'
+    return HTTPResponse(body.encode(), media_type="application/json")
 
 
 @router.post("/detokenize", dependencies=_AUTH)
@@ -222,6 +243,12 @@ async def models(request: Request) -> dict[str, Any]:
         "ttft": _engine_facts(state.engine),
     }
     return {"object": "list", "data": [card]}
+
+
+@router.get("/openapi.json", dependencies=_AUTH, include_in_schema=False)
+async def openapi(request: Request) -> dict[str, Any]:
+    """The OpenAPI schema, behind the API key like the endpoints it describes."""
+    return request.app.openapi()
 
 
 @router.get("/health")

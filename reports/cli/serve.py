@@ -33,7 +33,15 @@ def serve(
     max_batch_tokens: Annotated[int, typer.Option(min=1, help="token budget per step")] = 512,
     chunk_size: Annotated[int, typer.Option(min=1, help="prefill chunk size")] = 256,
     max_queue: Annotated[int, typer.Option(min=1, help="waiting requests before 429")] = 64,
-    api_key: Annotated[str | None, typer.Option(help="require 'Authorization: Bearer KEY'")] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TTFT_API_KEY",
+            show_envvar=True,
+            help="require 'Authorization: Bearer KEY' (also /openapi.json); prefer the "
+            "environment variable, which stays out of the process's command line",
+        ),
+    ] = None,
     otlp_endpoint: Annotated[
         str | None, typer.Option(help="also export spans over OTLP/HTTP to this URL")
     ] = None,

@@ -1,7 +1,8 @@
 """The continuous-batching engine on the tiny model: batched, chunked greedy output equals
 plain greedy decoding; chunks of a long prompt share steps with another request's decode;
 the request-level and engine-level spans land where DESIGN.md says; prefix hits,
-cancellation, a full queue, stopping and injected delays behave as documented."""
+cancellation, a full queue, stopping and injected delays behave as documented; and one
+request's numerical failure (its sampling row) fails that request alone."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import pytest
 from _live import Collect
 
 import ttft.tracer as tt
-from ttft.engine import Engine, EngineConfig, EngineStopped, QueueFull
+from ttft.engine import Engine, EngineConfig, EngineStopped, QueueFull, SamplingParams
 from ttft.engine.kv_cache import PagedKVCache
 from ttft.engine.model import ModelConfig, Transformer, greedy
+from ttft.engine.sampler import SamplingError
 from ttft.engine.tokenizer import Tokenizer
 
 SMALL = dict(max_batch_tokens=40, chunk_size=16, block_size=8, num_blocks=512)
@@ -169,7 +171,6 @@ def test_trace_has_request_stages_and_linked_step_spans(model, tok, collect):
         assert f.parent.span_id == steps[f.attributes["step_id"]].context.span_id
 
 
-
 def test_a_request_s_spans_meet_up_to_its_first_token(model, tok, collect):
     # Two requests at once, three chunks each of at most 16 tokens in 40-token steps: each
     # request's spans tile tokenize start -> first_sampled, the batch_wait running from
@@ -196,6 +197,7 @@ def test_a_request_s_spans_meet_up_to_its_first_token(model, tok, collect):
         assert one["first_sampled"].start_time == one["sample"].end_time
         assert one["batch_wait"].attributes["step_id"] == chunks[0].attributes["step_id"]
         assert one["deliver"].attributes["leg"] == "to_loop"
+
 
 def test_shared_prefix_hits_the_cache_and_gives_the_same_output(model, tok):
     ids = tok.ids_of_length(50, seed=5)
@@ -334,3 +336,66 @@ def test_run_metadata_names_device_dtype_and_configs(model, tok):
     assert meta["model"]["n_layer"] == model.config.n_layer
     assert meta["config"]["max_batch_tokens"] == 64
     json.dumps(meta)  # goes into Parquet key-value metadata as JSON
+
+
+# -- one request's failure fails that request alone ------------------------------------
+
+ISOLATION_NEIGHBOURS = 10
+ISOLATION_MAX_TOKENS = 12
+
+
+def poisoned() -> SamplingParams:
+    """Sampling that gives no distribution (the checks ``SamplingParams`` runs skipped)."""
+    params = SamplingParams(temperature=1.0, seed=0)
+    object.__setattr__(params, "temperature", 1e-300)
+    return params
+
+
+async def _outcome(stream) -> list | BaseException:
+    try:
+        return await drain(stream)
+    except Exception as e:
+        return e
+
+
+async def _poisoned_after_first_token(engine: Engine, ids: list[int]) -> list | BaseException:
+    """A request whose sampling breaks after its first token: the decode row fails."""
+    params = SamplingParams(temperature=1.0, seed=1)
+    stream = await engine.submit(ids, ISOLATION_MAX_TOKENS, params)
+    events = []
+    try:
+        async for event in stream:
+            events.append(event)
+            object.__setattr__(params, "temperature", 1e-300)
+    except Exception as e:
+        return e
+    return events
+
+
+def test_a_failing_row_fails_only_its_request(model, tok):
+    prompts = [tok.ids_of_length(12 + i, seed=i) for i in range(ISOLATION_NEIGHBOURS)]
+    engine = Engine(model, tok, EngineConfig(**{**SMALL, "max_running": 16})).start()
+
+    async def main():
+        streams = [await engine.submit(ids, ISOLATION_MAX_TOKENS) for ids in prompts]
+        bad_first = await engine.submit(
+            tok.ids_of_length(9, seed=99), ISOLATION_MAX_TOKENS, poisoned()
+        )
+        return await asyncio.wait_for(
+            asyncio.gather(
+                *(_outcome(s) for s in streams),
+                _outcome(bad_first),
+                _poisoned_after_first_token(engine, tok.ids_of_length(10, seed=98)),
+            ),
+            60.0,
+        )
+
+    try:
+        *good, bad_first, bad_decode = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert isinstance(bad_first, SamplingError) and "no distribution" in str(bad_first)
+    assert isinstance(bad_decode, SamplingError)
+    got = [[e.token_id for e in events] for events in good]
+    assert got == [reference(model, tok, ids, ISOLATION_MAX_TOKENS) for ids in prompts]
+    assert engine.num_running == 0 and engine.num_waiting == 0

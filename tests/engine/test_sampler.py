@@ -8,7 +8,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ttft.engine.sampler import SamplingParams, make_generator, sample, sample_batch
+from ttft.engine.sampler import (
+    SamplingError,
+    SamplingParams,
+    make_generator,
+    sample,
+    sample_batch,
+)
 
 
 def logits_row(seed: int, vocab: int = 64) -> torch.Tensor:
@@ -100,8 +106,11 @@ def test_sampled_token_is_in_the_nucleus(values, temperature, top_p, seed):
     [
         (dict(temperature=-0.1), "temperature must be >= 0"),
         (dict(temperature=float("nan")), "temperature must be a finite number"),
-        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=0.0), r"top_p must be in \[1e-06, 1\]"),
+        (dict(top_p=1.5), r"top_p must be in \[1e-06, 1\]"),
+        (dict(top_p=1e-300), r"top_p must be in \[1e-06, 1\]"),
+        (dict(top_p=float("nan")), r"top_p must be in \[1e-06, 1\]"),
+        (dict(temperature=1e-300), r"temperature must be 0 \(greedy\) or at least 1e-06"),
         (dict(seed=1.5), "seed must be an int or None"),
     ],
 )
@@ -115,3 +124,11 @@ def test_bad_shapes_are_refused():
         sample(torch.zeros(2, 3), SamplingParams())
     with pytest.raises(ValueError, match="one of each per row"):
         sample_batch(torch.zeros(2, 3), [SamplingParams()], [None, None])
+
+
+def test_tiny_temperature_keeps_the_top_token_and_bad_logits_fail_alone():
+    logits = torch.tensor([0.0, 3.0, 1.0])
+    params = SamplingParams(temperature=1e-6, seed=0)
+    assert sample(logits, params, make_generator(params)) == 1
+    with pytest.raises(SamplingError, match="not finite"):
+        sample(torch.tensor([0.0, float("nan")]), params, make_generator(params))
