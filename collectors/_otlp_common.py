@@ -1,5 +1,5 @@
-"""What the OTLP/HTTP and OTLP/gRPC receivers share: the sink, the bearer-token check, the
-export response with its partial-success count, and the request bookkeeping."""
+"""What the OTLP/HTTP and OTLP/gRPC receivers share: the sink, the bearer-token check, storing
+an export and its partial-success answer, and the request bookkeeping."""
 
 from __future__ import annotations
 
@@ -14,10 +14,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from ttft.collectors._spans import to_span_table
+from ttft.collectors.otlp_rows import request_to_rows
 from ttft.collectors.writer import TraceWriter
 
 Sink = Callable[[pa.Table], None]
 """Takes one table of span rows; called from server threads, so it must be thread-safe."""
+
+MAX_INFLIGHT_BYTES = 256 << 20
+"""Default budget on request bytes (after decompression) held by requests in flight."""
+RETRY_AFTER_S = 1
+"""Seconds an exporter is told to wait when the in-flight budget is spent."""
 
 MAX_ERRORS_REPORTED = 10
 """Rejected-span messages joined into a response's ``partial_success.error_message``."""
@@ -41,20 +48,34 @@ def bearer_ok(authorization: str | None, token: str) -> bool:
     return hmac.compare_digest(credentials.strip().encode(), token.encode())
 
 
-def export_response(request: ExportTraceServiceRequest, errors: list[str]
-                    ) -> tuple[ExportTraceServiceResponse, int]:
-    """The answer to an export whose invalid spans are described by ``errors``.
+def store_export(request: ExportTraceServiceRequest, parse_rejected: list[str], sink: Sink
+                 ) -> tuple[ExportTraceServiceResponse, int, int]:
+    """Convert an export's spans to rows, hand them to ``sink`` in one table, and answer.
+
+    Args:
+        request: the parsed export.
+        parse_rejected: one message per span already left out of ``request`` when it was
+            parsed (:func:`~ttft.collectors.otlp_rows.parse_json_export`).
+        sink: takes the rows; not called when no span is valid.
 
     Returns:
-        The response (with ``partial_success`` set when some spans were rejected) and the
-        number of spans accepted.
+        The response (``partial_success`` with ``rejected_spans`` and the first
+        ``MAX_ERRORS_REPORTED`` messages joined by ``"; "`` when some spans were rejected),
+        the number of spans stored and the number rejected.
+
+    Raises:
+        Exception: whatever ``sink`` raises; nothing was stored then.
     """
+    rows, errors = request_to_rows(request)
+    if rows:
+        sink(to_span_table(rows))
+    rejected = parse_rejected + errors
     spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
     response = ExportTraceServiceResponse()
-    if errors:
-        response.partial_success.rejected_spans = len(errors)
-        response.partial_success.error_message = "; ".join(errors[:MAX_ERRORS_REPORTED])
-    return response, spans - len(errors)
+    if rejected:
+        response.partial_success.rejected_spans = len(rejected)
+        response.partial_success.error_message = "; ".join(rejected[:MAX_ERRORS_REPORTED])
+    return response, spans - len(errors), len(rejected)
 
 
 class ReceiverBookkeeping:
@@ -63,16 +84,24 @@ class ReceiverBookkeeping:
     A receiver subclasses it, serves each request inside :meth:`_serving` and stops with
     :meth:`_mark_stopped` then :meth:`_wait_idle`. All methods are thread-safe.
 
+    Bytes in flight: a request takes its (decoded) body's size from a budget of
+    ``max_inflight_bytes`` (:meth:`_budget`) and gives it back when answered; a request that
+    does not fit is refused with a retryable answer, unless no other request holds any (so
+    one request larger than the budget still goes through alone).
+
     Attributes:
         requests: requests answered, whatever the status.
         spans_received: spans accepted and handed to the sink.
         spans_rejected: invalid spans dropped from otherwise good requests.
         rejected: requests answered with an error status.
+        max_inflight_bytes: the budget on bytes in flight.
     """
 
-    def __init__(self) -> None:
-        self._lock = threading.Condition()  # guards the counters, _inflight and _stopped
+    def __init__(self, max_inflight_bytes: int = MAX_INFLIGHT_BYTES) -> None:
+        self._lock = threading.Condition()  # guards the counters, _inflight* and _stopped
         self._inflight = 0
+        self._inflight_bytes = 0
+        self.max_inflight_bytes = max_inflight_bytes
         self._stopped = False
         self.requests = 0
         self.spans_received = 0
@@ -96,6 +125,28 @@ class ReceiverBookkeeping:
                 with self._lock:
                     self._inflight -= 1
                     self._lock.notify_all()
+
+    @contextlib.contextmanager
+    def _budget(self) -> Iterator[Callable[[int], bool]]:
+        """Yields ``take(n_bytes) -> bool``: whether ``n_bytes`` more fit the in-flight budget
+        (they are then held); all that was taken is given back when the block exits."""
+        held = 0
+
+        def take(n_bytes: int) -> bool:
+            nonlocal held
+            with self._lock:
+                if (self._inflight_bytes > held
+                        and self._inflight_bytes + n_bytes > self.max_inflight_bytes):
+                    return False
+                self._inflight_bytes += n_bytes
+                held += n_bytes
+                return True
+
+        try:
+            yield take
+        finally:
+            with self._lock:
+                self._inflight_bytes -= held
 
     def _count_rejected(self) -> None:
         with self._lock:

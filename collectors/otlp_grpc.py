@@ -1,7 +1,8 @@
 """An OTLP/gRPC trace receiver, and a :class:`Collector` that runs it beside the OTLP/HTTP one.
 
 Spans become rows of ``SPAN_SCHEMA`` exactly as on the HTTP path
-(:func:`ttft.collectors.otlp_rows.request_to_rows`), so an SDK may export over either
+(:func:`ttft.collectors.otlp_rows.request_to_rows`; a span that cannot be stored is
+rejected alone, answered as partial success), so an SDK may export over either
 protocol into the same trace.
 """
 
@@ -17,15 +18,15 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from ttft.collectors._otlp_common import (
+    MAX_INFLIGHT_BYTES,
     ReceiverBookkeeping,
     Sink,
     as_sink,
     bearer_ok,
-    export_response,
+    store_export,
 )
-from ttft.collectors._spans import to_span_table
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
-from ttft.collectors.otlp_rows import parse_proto_request, request_to_rows
+from ttft.collectors.otlp_rows import parse_proto_request
 from ttft.collectors.writer import TraceWriter
 
 __all__ = ["EXPORT_METHOD", "Collector", "OTLPGrpcReceiver"]
@@ -64,10 +65,11 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
     Answers an ``ExportTraceServiceResponse`` (with ``partial_success`` when some spans were
     invalid, as on the HTTP path), or aborts the call with ``INVALID_ARGUMENT`` for a message
     that does not parse, ``UNAUTHENTICATED`` when a ``token`` is set and the metadata lacks
-    ``authorization: Bearer <token>``, ``INTERNAL`` when the sink raises and ``UNAVAILABLE``
-    once stopped. gRPC itself answers ``RESOURCE_EXHAUSTED`` for a message over
-    ``max_message_bytes`` or when ``4 * max_workers`` calls are already in progress, and
-    decodes gzip-compressed messages.
+    ``authorization: Bearer <token>``, ``INTERNAL`` when the sink raises, ``UNAVAILABLE``
+    once stopped, and ``RESOURCE_EXHAUSTED`` (which OpenTelemetry exporters retry) when the
+    message would take the bytes held by calls in flight past ``max_inflight_bytes``. gRPC
+    itself answers ``RESOURCE_EXHAUSTED`` for a message over ``max_message_bytes`` or when
+    ``4 * max_workers`` calls are already in progress, and decodes gzip-compressed messages.
 
     Threading: calls are served by a pool of ``max_workers`` threads, so the sink is called
     from them, possibly concurrently; it must be thread-safe (``TraceWriter.append`` is).
@@ -84,9 +86,9 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
 
     def __init__(self, sink: TraceWriter | Sink, *, host: str = "127.0.0.1", port: int = 4317,
                  max_message_bytes: int = MAX_BODY_BYTES, token: str | None = None,
-                 max_workers: int = 8) -> None:
+                 max_workers: int = 8, max_inflight_bytes: int = MAX_INFLIGHT_BYTES) -> None:
         """Create a stopped receiver; ``port=0`` lets :meth:`start` pick a free port."""
-        super().__init__()
+        super().__init__(max_inflight_bytes)
         self.host = host
         self.port = port
         self.max_message_bytes = max_message_bytes
@@ -159,10 +161,14 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
         self.stop()
 
     def _export(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
-        with self._serving() as admitted:
+        with self._serving() as admitted, self._budget() as take:
             try:
                 if not admitted:
                     raise _Abort(grpc.StatusCode.UNAVAILABLE, "receiver is stopped")
+                if not take(len(body)):
+                    raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"busy: {self.max_inflight_bytes} bytes already in flight; "
+                                 "retry later")
                 return self._store(body, context)
             except _Abort as exc:
                 log = logger.exception if exc.code == grpc.StatusCode.INTERNAL else logger.info
@@ -184,14 +190,11 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
             request = parse_proto_request(body)
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"message is {exc}") from exc
-        rows, errors = request_to_rows(request)
-        if rows:
-            try:
-                self._sink(to_span_table(rows))
-            except Exception as exc:
-                raise _Abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}") from exc
-        response, spans = export_response(request, errors)
-        self._count_spans(spans, len(errors))
+        try:
+            response, stored, rejected = store_export(request, [], self._sink)
+        except Exception as exc:
+            raise _Abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}") from exc
+        self._count_spans(stored, rejected)
         return response
 
 
@@ -210,8 +213,9 @@ class Collector:
 
     def __init__(self, sink: TraceWriter | Sink, *, host: str = "127.0.0.1",
                  http_port: int | None = 4318, grpc_port: int | None = 4317,
-                 token: str | None = None, max_message_bytes: int = MAX_BODY_BYTES) -> None:
-        """Create both receivers, stopped.
+                 token: str | None = None, max_message_bytes: int = MAX_BODY_BYTES,
+                 max_inflight_bytes: int = MAX_INFLIGHT_BYTES) -> None:
+        """Create both receivers, stopped; each has its own ``max_inflight_bytes`` budget.
 
         Raises:
             ValueError: both receivers disabled.
@@ -220,9 +224,11 @@ class Collector:
             raise ValueError("both OTLP/HTTP and OTLP/gRPC are disabled; nothing to listen on")
         self.host = host
         self.http = None if http_port is None else OTLPReceiver(
-            sink, host=host, port=http_port, max_body_bytes=max_message_bytes, token=token)
+            sink, host=host, port=http_port, max_body_bytes=max_message_bytes, token=token,
+            max_inflight_bytes=max_inflight_bytes)
         self.grpc = None if grpc_port is None else OTLPGrpcReceiver(
-            sink, host=host, port=grpc_port, max_message_bytes=max_message_bytes, token=token)
+            sink, host=host, port=grpc_port, max_message_bytes=max_message_bytes, token=token,
+            max_inflight_bytes=max_inflight_bytes)
 
     @property
     def _receivers(self) -> list[OTLPReceiver | OTLPGrpcReceiver]:

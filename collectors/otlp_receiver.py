@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,23 +27,31 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from ttft.collectors._otlp_common import (
+    MAX_INFLIGHT_BYTES,
+    RETRY_AFTER_S,
     ReceiverBookkeeping,
     Sink,
     as_sink,
     bearer_ok,
-    export_response,
+    store_export,
 )
-from ttft.collectors._spans import to_span_table
-from ttft.collectors.otlp_rows import parse_json_request, parse_proto_request, request_to_rows
+from ttft.collectors.otlp_rows import parse_json_export, parse_proto_request, request_to_rows
 from ttft.collectors.writer import TraceWriter
 
-__all__ = ["MAX_BODY_BYTES", "TRACES_PATH", "OTLPReceiver", "request_to_rows"]
+__all__ = ["LISTEN_BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_DEADLINE_S",
+           "TRACES_PATH", "OTLPReceiver", "request_to_rows"]
 
 logger = logging.getLogger(__name__)
 
 TRACES_PATH = "/v1/traces"
 MAX_BODY_BYTES = 32 << 20
 """Largest accepted body, after gzip decoding; a larger one is answered 413."""
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before they are accepted (``listen``'s backlog)."""
+MAX_CONNECTIONS = 512
+"""Connections served at once; more wait in the listen backlog until one ends."""
+REQUEST_DEADLINE_S = 30.0
+"""Seconds a request's line, headers and body have to arrive, however slowly they trickle."""
 
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
@@ -51,20 +60,30 @@ _GRPC_CODES = {400: 3, 401: 16, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3,
 _LINGER_BYTES = 4 << 20
 """Most unread request bytes dropped after an error answer before closing (see _linger)."""
 _LINGER_S = 2.0
+_SLOT_POLL_S = 0.05  # how often an accept loop waiting for a free slot checks for stop
 
 
 class _Reject(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
 
 
-def _parse(body: bytes, content_type: str) -> ExportTraceServiceRequest:
+def _hold(take: Callable[[int], bool], n_bytes: int, budget_bytes: int) -> None:
+    """Hold ``n_bytes`` of the in-flight budget, or refuse the request with a retryable 503."""
+    if not take(n_bytes):
+        raise _Reject(503, f"busy: {budget_bytes} bytes already in flight; retry later",
+                      {"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _parse(body: bytes, content_type: str) -> tuple[ExportTraceServiceRequest, list[str]]:
+    """The request and one message per span left out of it (JSON spans that do not parse)."""
     try:
         if content_type == _PROTOBUF:
-            return parse_proto_request(body)
-        return parse_json_request(body)
+            return parse_proto_request(body), []
+        return parse_json_export(body)
     except ValueError as exc:
         raise _Reject(400, f"body is {exc}") from exc
 
@@ -83,8 +102,31 @@ def _gunzip(body: bytes, limit: int) -> bytes:
 
 
 class _Server(ThreadingHTTPServer):
+    """Serves each connection on its own thread, at most ``receiver.max_connections`` at a
+    time: past that the accept loop waits, and new connections wait in the listen backlog."""
+
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
     receiver: OTLPReceiver
+    slots: threading.Semaphore
+    stopping: threading.Event
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        while not self.slots.acquire(timeout=_SLOT_POLL_S):
+            if self.stopping.is_set():
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: it would have given the slot back
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 def _linger(handler: _Handler) -> None:
@@ -115,10 +157,31 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 10  # seconds an idle keep-alive connection holds its thread
     server: _Server
     body_read = False  # whether the current request's body was read whole
+    cut_off = False  # whether the request deadline shut the connection's reading side
 
     def handle_one_request(self) -> None:
         self.body_read = False
-        super().handle_one_request()
+        self._watchdog = threading.Timer(self.server.receiver.request_deadline_s, self._cut_off)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+        try:
+            super().handle_one_request()
+        finally:
+            self._watchdog.cancel()
+
+    def arrived(self) -> None:
+        """The request is read whole: its deadline no longer applies."""
+        self._watchdog.cancel()
+        self.body_read = True
+
+    def _cut_off(self) -> None:
+        """Past the deadline: a blocked read returns end of input, and the thread is freed."""
+        self.cut_off = True
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RD)
+        except OSError:  # already closed
+            pass
 
     def do_POST(self) -> None:
         self.server.receiver._handle(self)
@@ -137,15 +200,23 @@ class OTLPReceiver(ReceiverBookkeeping):
 
     Accepts ``application/x-protobuf`` and ``application/json`` (OTLP/JSON, hex ids),
     optionally ``Content-Encoding: gzip``. Answers 200 with an ``ExportTraceServiceResponse``
-    in the request's encoding (with ``partial_success`` when some spans were invalid), 400 for
-    a body that does not parse or a bad Content-Length, 404 for another path, 405 for another
-    method, 408 for a body that does not arrive within 10 s, 411 without a Content-Length,
-    413 for a body over ``max_body_bytes``, 415 for another content type or encoding, 500
-    when the sink raises, 503 once stopped; with a ``token``, 401 first for a request without
+    in the request's encoding (with ``partial_success`` when some spans were rejected: the
+    others are stored), 400 for a body that does not parse or a bad Content-Length, 404 for
+    another path, 405 for another method, 408 for a body that stops arriving for 10 s or is
+    not whole within ``request_deadline_s`` (a request whose line or headers are not whole by
+    then is closed unanswered), 411 without a Content-Length, 413 for a body over
+    ``max_body_bytes``, 415 for another content type or encoding, 500 when the sink raises,
+    503 once stopped, and 503 with ``Retry-After: 1`` when the body (its size after gzip
+    decoding) would take the bytes held by requests in flight past ``max_inflight_bytes``
+    (OpenTelemetry exporters retry it); with a ``token``, 401 first for a request without
     ``Authorization: Bearer <token>``. Error bodies are a ``google.rpc.Status`` (protobuf for
     protobuf requests, else JSON) naming the fault. An error answer closes the connection;
     a body left unread is first drained (up to 4 MiB, 2 s), so that the client reads the
     answer rather than a reset.
+
+    The listen backlog is ``LISTEN_BACKLOG`` (1024), so a burst of connections waits to be
+    accepted rather than being refused or timing out; at most ``max_connections`` are served
+    at once (an idle keep-alive one holds its slot up to 10 s), the others wait there.
 
     Threading: each connection is served on its own daemon thread, so the sink is called
     from those threads, possibly concurrently; it must be thread-safe (``TraceWriter.append``
@@ -160,9 +231,14 @@ class OTLPReceiver(ReceiverBookkeeping):
     """
 
     def __init__(self, sink: TraceWriter | Sink, *, host: str = "127.0.0.1", port: int = 4318,
-                 max_body_bytes: int = MAX_BODY_BYTES, token: str | None = None) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, token: str | None = None,
+                 request_deadline_s: float = REQUEST_DEADLINE_S,
+                 max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         """Create a stopped receiver; ``port=0`` lets :meth:`start` pick a free port."""
-        super().__init__()
+        super().__init__(max_inflight_bytes)
+        self.max_connections = max_connections
+        self.request_deadline_s = request_deadline_s
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
@@ -186,6 +262,8 @@ class OTLPReceiver(ReceiverBookkeeping):
             raise RuntimeError("receiver already started")
         server = _Server((self.host, self.port), _Handler)
         server.receiver = self
+        server.slots = threading.BoundedSemaphore(self.max_connections)
+        server.stopping = threading.Event()
         self._server = server
         self.port = server.server_address[1]
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -202,6 +280,7 @@ class OTLPReceiver(ReceiverBookkeeping):
         self._mark_stopped()
         server, thread = self._server, self._thread
         if server is not None and thread is not None and thread.is_alive():
+            server.stopping.set()
             server.shutdown()
             server.server_close()
             thread.join(timeout_s)
@@ -215,11 +294,11 @@ class OTLPReceiver(ReceiverBookkeeping):
 
     def _handle(self, handler: _Handler) -> None:
         content_type = (handler.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        with self._serving() as admitted:
+        with self._serving() as admitted, self._budget() as take:
             try:
                 if not admitted:
                     raise _Reject(503, "receiver is stopped")
-                response = self._export(handler, content_type)
+                response = self._export(handler, content_type, take)
                 if content_type == _PROTOBUF:
                     self._reply(handler, 200, response.SerializeToString(), _PROTOBUF)
                 else:
@@ -229,21 +308,22 @@ class OTLPReceiver(ReceiverBookkeeping):
                 self._reply_error(handler, content_type, exc)
 
     def _reply_error(self, handler: _Handler, content_type: str, exc: Exception) -> None:
-        status, message = (exc.status, exc.message) if isinstance(exc, _Reject) else (
-            500, f"internal error: {exc}")
+        status, message, headers = (exc.status, exc.message, exc.headers) if isinstance(
+            exc, _Reject) else (500, f"internal error: {exc}", {})
         log = logger.exception if status == 500 else logger.info
         log("rejected %s %s from %s: %d %s", handler.command, handler.path,
             handler.client_address[0], status, message)
         self._count_rejected()
         error = Status(code=_GRPC_CODES.get(status, 2), message=message)
-        challenge = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+        if status == 401:
+            headers = {**headers, "WWW-Authenticate": "Bearer"}
         try:
             if content_type == _PROTOBUF:
                 self._reply(handler, status, error.SerializeToString(), _PROTOBUF, close=True,
-                            headers=challenge)
+                            headers=headers)
             else:
                 body = json.dumps(json_format.MessageToDict(error)).encode()
-                self._reply(handler, status, body, _JSON, close=True, headers=challenge)
+                self._reply(handler, status, body, _JSON, close=True, headers=headers)
         except OSError:
             handler.close_connection = True  # the client went away
             return
@@ -251,7 +331,8 @@ class OTLPReceiver(ReceiverBookkeeping):
                                       or (handler.headers.get("Content-Length") or "0") != "0"):
             _linger(handler)
 
-    def _export(self, handler: _Handler, content_type: str) -> ExportTraceServiceResponse:
+    def _export(self, handler: _Handler, content_type: str, take: Callable[[int], bool]
+                ) -> ExportTraceServiceResponse:
         if self._token is not None and not bearer_ok(handler.headers.get("Authorization"),
                                                       self._token):
             raise _Reject(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
@@ -274,21 +355,22 @@ class OTLPReceiver(ReceiverBookkeeping):
         length = int(raw_length)
         if length > self.max_body_bytes:
             raise _Reject(413, f"body of {length} bytes exceeds {self.max_body_bytes}")
+        _hold(take, length, self.max_inflight_bytes)
         try:
             body = handler.rfile.read(length)
         except TimeoutError as exc:
             raise _Reject(408, f"body not received within {handler.timeout} s") from exc
-        handler.body_read = True
+        handler.arrived()
+        if handler.cut_off:
+            raise _Reject(408, f"request not received within {self.request_deadline_s} s")
         if len(body) != length:
             raise _Reject(400, f"body ended after {len(body)} of {length} bytes")
         if encoding == "gzip":
             body = _gunzip(body, self.max_body_bytes)
-        request = _parse(body, content_type)
-        rows, errors = request_to_rows(request)
-        if rows:
-            self._sink(to_span_table(rows))
-        response, spans = export_response(request, errors)
-        self._count_spans(spans, len(errors))
+            _hold(take, len(body) - length, self.max_inflight_bytes)
+        request, parse_rejected = _parse(body, content_type)
+        response, stored, rejected = store_export(request, parse_rejected, self._sink)
+        self._count_spans(stored, rejected)
         return response
 
     @staticmethod
