@@ -79,16 +79,8 @@ def resolve_trees(
         # What tells copies of one span id apart, so the copy kept never depends on row order.
         copy_key = (plo, phi, hp, spans.client[pos], stage, end, start)
         parent, keep, found = _links(hi, lo, hs, phi, plo, hp, copy_key)
-        depth = np.zeros(parent.shape, np.int16)
-        anc = parent.copy()
-        for _ in range(k):
-            step = anc >= 0
-            if not step.any():
-                break
-            depth += step
-            anc = take_rows(parent, anc, fill=-1)
         spans.parent[pos] = parent
-        spans.depth[pos] = depth
+        spans.depth[pos] = _depths(parent)
         spans.keep[pos] = keep
         out["orphans"][ids] = (has_parent[pos] & ~found & keep).sum(axis=1)
         out["duplicates"][ids] = (~keep).sum(axis=1)
@@ -142,7 +134,20 @@ def _earliest(
     return cand.argmax(axis=1)
 
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)
+def _depths(parent: np.ndarray) -> np.ndarray:
+    """Ancestors of every column of a ``(requests, K)`` block by ``parent`` columns (-1 =
+    none), capped at ``K`` (a cycle counts every hop) and at the int16 range: by pointer
+    doubling, so ``log2 K`` passes even for a 100,000-deep chain."""
+    k = parent.shape[1]
+    jump = parent.copy()
+    hops = (parent >= 0).astype(np.int64)
+    reach = 1
+    while reach < k and (jump >= 0).any():
+        up = jump >= 0
+        hops = hops + np.where(up, take_rows(hops, jump, fill=0), 0)
+        jump = np.where(up, take_rows(jump, jump, fill=-1), -1)
+        reach *= 2
+    return np.minimum(hops, min(k, np.iinfo(np.int16).max)).astype(np.int16)
 
 
 def _links(
@@ -159,45 +164,54 @@ def _links(
 
     Of the copies of one span id the one kept is the first by ``copy_key`` (``np.lexsort``
     keys, the last one primary: start, end, ...), then by column; copies equal in every key
-    are interchangeable, so the result never depends on row order.
+    are interchangeable, so the result never depends on row order. A span's parent is the
+    kept copy of its ``parent_id`` in its request, never itself.
 
-    A 64-bit mix of the two id words finds candidates with one comparison per pair; every
-    candidate is then checked on both words, and the few rows where a check fails (an
-    orphan, a duplicate, a mix collision) are redone exactly.
+    Both are found by sorting the block's ``(request, id)`` keys, so time and memory are
+    ``O(n K log(n K))``: 20,000 copies of one id in one request cost a few sorts, not a
+    ``K x K`` comparison.
     """
     n, k = hi.shape
-    cols = np.arange(k)
-    mixed = (hi * _MIX) ^ lo
-    ordered = np.sort(np.where(has, mixed, cols.astype(np.uint64)), axis=1)
-    maybe_dup = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
-    keep = np.ones((n, k), bool)
-    if maybe_dup.any():
-        r = maybe_dup
-        same = (hi[r][:, :, None] == hi[r][:, None, :]) & (lo[r][:, :, None] == lo[r][:, None, :])
-        same &= has[r][:, :, None] & has[r][:, None, :]
-        order = np.lexsort(
-            (np.broadcast_to(cols, hi[r].shape),) + tuple(c[r] for c in copy_key), axis=-1
-        )
-        rank = np.argsort(order, axis=1)
-        earlier = rank[:, None, :] < rank[:, :, None]  # [i, j]: copy j comes before i
-        keep[r] = ~(earlier & same).any(axis=2)
-    pmixed = (phi * _MIX) ^ plo
-    parent = (pmixed[:, :, None] == mixed[:, None, :]).argmax(axis=2)
-    found = (
-        has_parent
-        & (np.take_along_axis(hi, parent, axis=1) == phi)
-        & (np.take_along_axis(lo, parent, axis=1) == plo)
-        & np.take_along_axis(has & keep, parent, axis=1)
-        & (parent != cols[None])
+    row = np.repeat(np.arange(n), k)
+    flat = np.arange(n * k)
+    hi_f, lo_f = hi.ravel(), lo.ravel()
+    order = np.lexsort(
+        (flat, *(c.ravel() for c in copy_key), lo_f, hi_f, row)
     )
-    redo = (has_parent & ~found).any(axis=1)
-    if redo.any():
-        r = redo
-        match = (phi[r][:, :, None] == hi[r][:, None, :]) & (
-            plo[r][:, :, None] == lo[r][:, None, :]
+    order = order[has.ravel()[order]]
+    first = np.ones(len(order), bool)
+    first[1:] = (
+        (row[order][1:] != row[order][:-1])
+        | (hi_f[order][1:] != hi_f[order][:-1])
+        | (lo_f[order][1:] != lo_f[order][:-1])
+    )
+    keep = np.ones(n * k, bool)
+    keep[order[~first]] = False
+    kept = order[first]  # one copy per (request, id), sorted by (request, hi, lo)
+    asking = np.flatnonzero(has_parent.ravel())
+    parent = np.full(n * k, -1, np.int64)
+    if len(kept) and len(asking):
+        # Queries after the kept ids of equal key: each looks back at the last kept id.
+        keys_row = np.concatenate([row[kept], row[asking]])
+        keys_hi = np.concatenate([hi_f[kept], phi.ravel()[asking]])
+        keys_lo = np.concatenate([lo_f[kept], plo.ravel()[asking]])
+        is_query = np.repeat([False, True], [len(kept), len(asking)])
+        merged = np.lexsort((is_query, keys_lo, keys_hi, keys_row))
+        last_kept = np.maximum.accumulate(np.where(is_query[merged], -1, np.arange(len(merged))))
+        queries = np.flatnonzero(is_query[merged])
+        back = last_kept[queries]
+        source = merged[np.maximum(back, 0)]
+        target = merged[queries]
+        match = (
+            (back >= 0)
+            & (keys_row[source] == keys_row[target])
+            & (keys_hi[source] == keys_hi[target])
+            & (keys_lo[source] == keys_lo[target])
         )
-        match &= (has[r] & keep[r])[:, None, :] & has_parent[r][:, :, None]
-        match &= ~np.eye(k, dtype=bool)[None]
-        found[r] = match.any(axis=2)
-        parent[r] = match.argmax(axis=2)
-    return np.where(found, parent, -1), keep, found
+        child = asking[target - len(kept)]
+        found_at = kept[np.where(match, source, 0)]
+        match &= found_at != child
+        parent[child[match]] = found_at[match] - row[child[match]] * k
+    parent = parent.reshape(n, k)
+    found = parent >= 0
+    return parent, keep.reshape(n, k), found

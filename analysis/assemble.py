@@ -24,7 +24,7 @@ from ttft.analysis import clocks
 from ttft.analysis._conditions import conditions, max_cached
 from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._trees import CODE, MAX_NS, NONE_NS, Spans, resolve_trees
-from ttft.analysis.quality import Quality
+from ttft.analysis.quality import Quality, rejected_spans
 from ttft.tracer.schema import (
     ATTR_STEP_ID,
     BOUNDARY_EVENTS,
@@ -139,6 +139,7 @@ def _examples(values: list[str], codes: np.ndarray) -> list[str]:
 def assemble(table: pa.Table) -> Assembly:
     """Group a span table (``tracer.schema.SPAN_SCHEMA``) into requests."""
     quality = Quality()
+    quality.add("rejected_span", *rejected_spans(table))
     n = table.num_rows
     trace, trace_values = col.codes(table.column("trace_id"))
     start = col.int64(table.column("start_ns"))

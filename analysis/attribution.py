@@ -260,7 +260,7 @@ class _Block:
         order = self._order
         first = np.take_along_axis(first, order, axis=1)
         stop = np.take_along_axis(stop, order, axis=1)
-        owner = np.full(length.shape, -1, np.int16)
+        owner = np.full(length.shape, -1, np.int32)  # columns: a request may hold > 32767 spans
         for r in range(self.k):
             np.putmask(owner, self._active(first[:, r], stop[:, r]), r)
         out_stage = np.take_along_axis(self.out_stage, order, axis=1)

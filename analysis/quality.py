@@ -7,12 +7,16 @@ is never lost. The counts travel with every analysis result and are printed besi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from ttft.analysis.clocks import ClockOffset
+from ttft.tracer.schema import METADATA_KEY
 
 DEFECTS: tuple[str, ...] = (
     "missing_field",
@@ -22,10 +26,12 @@ DEFECTS: tuple[str, ...] = (
     "duplicate_span_id",
     "outside_window",
     "clock_shift",
+    "rejected_span",
 )
 """Every defect analysis counts; ``missing_field`` (a row without trace id or times, or
 with a time outside ``analysis.clocks.TIME_LIMIT_NS``) is ttft's addition to DESIGN.md's
-list."""
+list, and so is ``rejected_span`` (a span the importer could not turn into a row, counted
+in the table's run metadata under ``rejected``: ``{"count": n, "examples": [...]}``)."""
 
 MEANING: dict[str, str] = {
     "missing_field": "row without trace_id, start_ns or end_ns, or with a time beyond "
@@ -36,6 +42,7 @@ MEANING: dict[str, str] = {
     "duplicate_span_id": "span id seen twice in one request (later copies dropped)",
     "outside_window": "request-level span wholly outside its request's client/server span",
     "clock_shift": "server span starts before its client span, after clock alignment",
+    "rejected_span": "span the importer could not store (a bad id or time; not in the table)",
 }
 
 EXAMPLES_KEPT = 3
@@ -86,3 +93,21 @@ class Quality:
                 "examples": [", ".join(self.examples[d]) for d in DEFECTS],
             }
         )
+
+
+def rejected_spans(table: pa.Table) -> tuple[int, list[str]]:
+    """The count and examples of the spans the importer rejected (the ``rejected_span``
+    defect), from the run metadata's ``rejected`` (``count`` and
+    ``examples``); ``(0, [])`` when absent or malformed."""
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    try:
+        metadata: Any = json.loads(raw) if raw else {}
+    except (ValueError, RecursionError):
+        return 0, []
+    rejected = metadata.get("rejected") if isinstance(metadata, dict) else None
+    if not isinstance(rejected, dict):
+        return 0, []
+    count, examples = rejected.get("count"), rejected.get("examples")
+    if isinstance(count, bool) or not isinstance(count, int):
+        return 0, []
+    return count, [str(e) for e in examples] if isinstance(examples, list) else []

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["TraceFileError"]
+__all__ = ["MAX_DECOMPRESSED_BYTES", "MAX_PARQUET_RATIO", "TraceFileError"]
+
+MAX_DECOMPRESSED_BYTES = 256 << 20
+"""Most bytes a compressed trace may decompress to (256 MiB): a gzip file, a stream read
+from standard input or a FIFO, or Parquet data decoded at more than `MAX_PARQUET_RATIO`
+times its size on disk. Beyond it the input is refused with a `TraceFileError` naming
+the limit, so a small compression bomb never fills memory."""
+
+MAX_PARQUET_RATIO = 100
+"""Parquet decoded beyond `MAX_DECOMPRESSED_BYTES` is refused only when it is also more than
+this many times its size on disk (real traces decode at about 5-20 times)."""
 
 
 def location(row: int | None, field: str | None) -> str:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from ttft.collectors._files import part_files, parts_dir
 from ttft.collectors._spans import Fail, conform
-from ttft.collectors.errors import TraceFileError
+from ttft.collectors.errors import MAX_DECOMPRESSED_BYTES, MAX_PARQUET_RATIO, TraceFileError
 from ttft.tracer.schema import COLUMNS, METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
 __all__ = ["iter_batches", "read_parquet", "read_parquet_metadata", "trace_files"]
@@ -87,12 +87,30 @@ def _file_fail(file: Path, row_offset: int = 0) -> Fail:
     return fail
 
 
+class _Budget:
+    """Bytes decoded so far against `MAX_DECOMPRESSED_BYTES` and `MAX_PARQUET_RATIO`."""
+
+    def __init__(self) -> None:
+        self.disk_bytes = 0
+        self.decoded_bytes = 0
+
+    def decoded(self, file: Path, nbytes: int) -> None:
+        self.decoded_bytes += nbytes
+        if (self.decoded_bytes > MAX_DECOMPRESSED_BYTES
+                and self.decoded_bytes > MAX_PARQUET_RATIO * self.disk_bytes):
+            raise TraceFileError(file, f"decodes to more than {MAX_DECOMPRESSED_BYTES} bytes, "
+                                       f"over {MAX_PARQUET_RATIO} times its size on disk (the "
+                                       "limits MAX_DECOMPRESSED_BYTES, MAX_PARQUET_RATIO)")
+
+
 def _read_tables(path: str | os.PathLike[str], batch_rows: int
                  ) -> Iterator[tuple[pa.Table, bytes]]:
     """Checked tables of a trace, each with its file's raw run metadata (an empty table for
     a file without rows). A bad row is reported by its number within its file."""
+    budget = _Budget()
     for file in trace_files(path):
         source, raw = _open_checked(file)
+        budget.disk_bytes += file.stat().st_size
         with source:
             batches = source.iter_batches(batch_size=batch_rows, columns=list(COLUMNS))
             offset = 0
@@ -109,8 +127,10 @@ def _read_tables(path: str | os.PathLike[str], batch_rows: int
                     if offset == 0:
                         yield SPAN_SCHEMA.empty_table(), raw
                     break
-                table = pa.Table.from_batches([batch])
-                yield conform(table, _file_fail(file, offset), extra_ok=True, check_rows=False), raw
+                table = conform(pa.Table.from_batches([batch]), _file_fail(file, offset),
+                                extra_ok=True, check_rows=False)
+                budget.decoded(file, table.nbytes)
+                yield table, raw
                 offset += batch.num_rows
 
 
@@ -123,9 +143,11 @@ def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
 
     Raises:
         TraceFileError: the path is missing, a file is not Parquet or is corrupt, lacks the
-            ttft metadata or a column, has a newer schema_version, or holds a bad row.
+            ttft metadata or a column, has a newer schema_version, or holds a bad row; or
+            its data decodes beyond `MAX_DECOMPRESSED_BYTES` at more than
+            `MAX_PARQUET_RATIO` times its size on disk (a compression bomb).
     """
-    read = list(_read_tables(path, batch_rows=1 << 20))
+    read = list(_read_tables(path, batch_rows=65_536))
     table = pa.concat_tables([table for table, _ in read])
     return table.replace_schema_metadata({METADATA_KEY: read[-1][1]})
 

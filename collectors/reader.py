@@ -12,18 +12,34 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 
 from ttft.collectors._files import parts_dir
 from ttft.collectors.errors import TraceFileError
 from ttft.collectors.importers import IMPORTERS
+from ttft.collectors.importers._base import MAX_DECOMPRESSED_BYTES, head
 from ttft.collectors.importers.mapping import StageMapping, default_mapping, load_mapping
 from ttft.tracer.schema import METADATA_KEY
 
-__all__ = ["guess_format", "read_spans", "run_metadata"]
+__all__ = ["FIFO_WAIT_S", "STDIN", "guess_format", "read_spans", "run_metadata"]
+
+STDIN = "-"
+"""The path that reads standard input."""
+
+FIFO_WAIT_S = 30.0
+"""How long reading a FIFO waits for a writer before it gives up."""
+
+_CHUNK_BYTES = 1 << 20
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 def _exists(path: Path) -> bool:
@@ -35,7 +51,8 @@ def guess_format(path: str | os.PathLike[str]) -> str:
     """The name of the first importer that can open ``path``.
 
     Raises:
-        TraceFileError: the path does not exist, or no importer recognises it.
+        TraceFileError: the path does not exist, or no importer recognises it (a
+            zstd-compressed file is named as such: no importer decompresses zstd).
     """
     path = Path(path)
     if not _exists(path):
@@ -43,6 +60,9 @@ def guess_format(path: str | os.PathLike[str]) -> str:
     for name, importer in IMPORTERS.items():
         if importer.guess_can_open(path):
             return name
+    if head(path, 4) == _ZSTD_MAGIC:
+        raise TraceFileError(path, "zstd-compressed, which ttft does not read; decompress it "
+                                   "(zstd -d) or gzip it")
     expected = "; ".join(f"{i.description} (--format {n})" for n, i in IMPORTERS.items())
     raise TraceFileError(path, f"not a trace format ttft reads; expected one of: {expected}")
 
@@ -67,7 +87,11 @@ def read_spans(
 
     Args:
         path: a trace file, or a directory of ttft part files (also the ``<path>.parts``
-            directory a writer that did not close left behind).
+            directory a writer that did not close left behind); ``-`` for standard input,
+            or a FIFO. A stream is read once, to its end (at most
+            `MAX_DECOMPRESSED_BYTES`; a FIFO waits `FIFO_WAIT_S` for a writer), into a
+            temporary file whose first bytes pick the format; errors and the ``source``
+            metadata name the stream (``<stdin>`` or the FIFO's path).
         format: an `IMPORTERS` name (``ttft``, ``otlp-json``, ``otlp-proto``, ``jaeger``,
             ``chrome``); None to guess from the file's first bytes.
         mapping: the stage rules: None for the built-in ones (vLLM, SGLang, TGI); the path
@@ -84,8 +108,19 @@ def read_spans(
         ValueError: the mapping file cannot be read or holds a bad rule (the message names
             the file, the rule and the field).
     """
-    path = Path(path)
     rules = _mapping(mapping)
+    if os.fspath(path) == STDIN or _is_stream(Path(path)):
+        with _spooled(path) as (shown, copy):
+            try:
+                table = _read(copy, format, rules)
+            except TraceFileError as exc:
+                raise TraceFileError(shown, exc.reason, row=exc.row, field=exc.field) from None
+        metadata = {**run_metadata(table), "source": shown}
+        return table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata).encode()})
+    return _read(Path(path), format, rules)
+
+
+def _read(path: Path, format: str | None, rules: StageMapping) -> pa.Table:
     if format is None:
         format = guess_format(path)
     elif format not in IMPORTERS:
@@ -93,6 +128,64 @@ def read_spans(
     elif not _exists(path):
         raise TraceFileError(path, "does not exist")
     return rules.apply(IMPORTERS[format].read(path))
+
+
+def _is_stream(path: Path) -> bool:
+    """A FIFO or character device: readable once, not seekable, maybe never ending."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def _copy(source: IO[bytes], target: IO[bytes], shown: str) -> None:
+    total = 0
+    while chunk := source.read(_CHUNK_BYTES):
+        total += len(chunk)
+        if total > MAX_DECOMPRESSED_BYTES:
+            raise TraceFileError(shown, f"more than {MAX_DECOMPRESSED_BYTES} bytes "
+                                        "(the limit MAX_DECOMPRESSED_BYTES)")
+        target.write(chunk)
+
+
+def _open_fifo(path: Path) -> IO[bytes]:
+    """``path`` opened for reading once a writer has written or closed it; an open that
+    would block forever (no writer) waits `FIFO_WAIT_S` and raises `TraceFileError`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        ready, _, _ = select.select([fd], [], [], FIFO_WAIT_S)
+        if not ready:
+            raise TraceFileError(path, f"no writer opened the FIFO within {FIFO_WAIT_S:g} s")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+@contextmanager
+def _spooled(path: str | os.PathLike[str]) -> Iterator[tuple[str, Path]]:
+    """``(name to show, temporary regular file)`` holding the whole stream at ``path``."""
+    shown = "<stdin>" if os.fspath(path) == STDIN else os.fspath(path)
+    with tempfile.TemporaryDirectory(prefix="ttft-stream-") as folder:
+        copy = Path(folder) / "stream"
+        try:
+            with open(copy, "wb") as target:
+                if shown == "<stdin>":
+                    if sys.stdin is None or sys.stdin.isatty():
+                        raise TraceFileError(shown, "standard input is a terminal; pipe a "
+                                                    "trace into it")
+                    _copy(sys.stdin.buffer, target, shown)
+                elif stat.S_ISFIFO(os.stat(path).st_mode):
+                    with _open_fifo(Path(path)) as source:
+                        _copy(source, target, shown)
+                else:
+                    with open(path, "rb") as source:
+                        _copy(source, target, shown)
+        except OSError as exc:
+            raise TraceFileError(shown, f"cannot read ({exc.strerror or exc})") from None
+        yield shown, copy
 
 
 def run_metadata(table: pa.Table) -> dict[str, Any]:

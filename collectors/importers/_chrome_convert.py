@@ -12,6 +12,7 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
 from ttft.collectors._spans import ttft_fields
+from ttft.collectors.importers._base import fits_int64
 
 _GPU_CATS = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
 _LAUNCH_CATS = frozenset(("cuda_runtime", "cuda_driver"))
@@ -177,11 +178,15 @@ class Converter:
         if isinstance(value_us, bool) or not isinstance(value_us, (int, Decimal)):
             raise BadEvent(f"{at}: expected microseconds as a number, got {value_us!r}")
         if isinstance(value_us, int):
-            return self.base_ns + value_us * 1000
-        try:
-            return self.base_ns + int((value_us * 1000).to_integral_value(ROUND_HALF_EVEN))
-        except (InvalidOperation, OverflowError, ValueError):
-            raise BadEvent(f"{at}: expected a finite number, got {value_us}") from None
+            value_ns = self.base_ns + value_us * 1000
+        else:
+            try:
+                value_ns = self.base_ns + int((value_us * 1000).to_integral_value(ROUND_HALF_EVEN))
+            except (InvalidOperation, OverflowError, ValueError):
+                raise BadEvent(f"{at}: expected a finite number, got {value_us}") from None
+        if not fits_int64(value_ns):
+            raise BadEvent(f"{at}: {value_us} µs is beyond the int64 ns range")
+        return value_ns
 
     # -- pass 2: parents ----------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Chrome trace event JSON (chrome://tracing, Perfetto's JSON, PyTorch profiler's
-``export_chrome_trace``), optionally gzip-compressed.
+``export_chrome_trace``), optionally gzip-compressed (up to `MAX_DECOMPRESSED_BYTES` decompressed).
 
 How events become rows:
 
@@ -35,9 +35,6 @@ zero and the metadata says ``"clock_epoch": false``.
 
 from __future__ import annotations
 
-import gzip
-import json
-import zlib
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -45,7 +42,13 @@ from typing import Any
 import pyarrow as pa
 
 from ttft.collectors.errors import TraceFileError
-from ttft.collectors.importers._base import head, rows_to_table
+from ttft.collectors.importers._base import (
+    decoded_head,
+    fits_int64,
+    load_json,
+    read_bytes,
+    rows_to_table,
+)
 from ttft.collectors.importers._chrome_convert import BadEvent, Converter, plain
 
 _SKIP_PREFIX = b"\xef\xbb\xbf \t\r\n"
@@ -56,13 +59,7 @@ class ChromeTrace:
     description = "Chrome trace event JSON (incl. PyTorch profiler export_chrome_trace)"
 
     def guess_can_open(self, path: Path) -> bool:
-        data = head(path)
-        if data[:2] == b"\x1f\x8b":
-            try:
-                data = zlib.decompressobj(wbits=31).decompress(data, 4096)
-            except zlib.error:
-                return False
-        data = data.lstrip(_SKIP_PREFIX)
+        data = decoded_head(path, 4096)[0].lstrip(_SKIP_PREFIX)
         if data[:1] == b"{":
             return b'"traceEvents"' in data
         return data[:1] == b"[" and b'"ph"' in data
@@ -78,14 +75,17 @@ class ChromeTrace:
         else:
             raise TraceFileError(path, "expected {\"traceEvents\": [...]} or a list of events")
         base_ns = document.get("baseTimeNanoseconds")
-        if base_ns is not None and (isinstance(base_ns, bool) or not isinstance(base_ns, int)):
+        if base_ns is not None and (isinstance(base_ns, bool) or not isinstance(base_ns, int)
+                                    or not fits_int64(base_ns)):
             raise TraceFileError(
-                path, f"field 'baseTimeNanoseconds': expected an integer, got {base_ns!r}"
+                path, f"field 'baseTimeNanoseconds': expected a 64-bit integer, got {base_ns!r}"
             )
         try:
             rows, counts = Converter(path.name, base_ns or 0).convert(events)
         except BadEvent as exc:
             raise TraceFileError(path, str(exc)) from None
+        except RecursionError:
+            raise TraceFileError(path, "an event's args are nested too deeply") from None
         metadata: dict[str, Any] = {"clock_epoch": base_ns is not None, **counts}
         if base_ns is not None:
             metadata["base_time_ns"] = base_ns
@@ -101,23 +101,16 @@ class ChromeTrace:
 
 
 def _load(path: Path) -> Any:
+    raw = read_bytes(path)
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except OSError as exc:  # incl. gzip.BadGzipFile
-        raise TraceFileError(path, f"cannot read the file ({exc})") from None
-    except (EOFError, zlib.error) as exc:
-        raise TraceFileError(path, f"truncated or corrupt gzip ({exc})") from None
-    try:
-        return json.loads(raw, parse_float=Decimal)
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        return load_json(raw, path, parse_float=Decimal)
+    except TraceFileError as exc:
         error = exc
     # The array form may omit its closing bracket (Trace Event Format); nothing else may.
     text = raw.decode("utf-8", "replace").strip().lstrip("\ufeff")
     if text.startswith("[") and not text.endswith("]"):
         try:
-            return json.loads(text.rstrip(",") + "]", parse_float=Decimal)
-        except ValueError:
+            return load_json(text.rstrip(",") + "]", path, parse_float=Decimal)
+        except TraceFileError:
             pass
-    raise TraceFileError(path, f"not valid JSON ({error})") from None
+    raise error

@@ -1,4 +1,5 @@
-"""Jaeger JSON: the UI's "Download JSON" and the query API's ``/api/traces`` response.
+"""Jaeger JSON: the UI's "Download JSON" and the query API's ``/api/traces`` response,
+optionally gzip-compressed (up to `MAX_DECOMPRESSED_BYTES` decompressed).
 
 The shape is Jaeger's ``model/json`` (``{"data": [trace, ...]}``; a single trace object or
 a bare list of traces is accepted too). Conventions follow the OTLP path
@@ -32,7 +33,13 @@ import pyarrow as pa
 
 from ttft.collectors._spans import ttft_fields
 from ttft.collectors.errors import TraceFileError
-from ttft.collectors.importers._base import head, rows_to_table
+from ttft.collectors.importers._base import (
+    decoded_head,
+    fits_int64,
+    load_json,
+    read_bytes,
+    rows_to_table,
+)
 from ttft.collectors.rows import event_span_id
 from ttft.tracer.schema import ATTR_CLOCK
 
@@ -56,7 +63,7 @@ class JaegerJSON:
     description = "Jaeger JSON (UI download or /api/traces response)"
 
     def guess_can_open(self, path: Path) -> bool:
-        data = head(path).lstrip(b"\xef\xbb\xbf \t\r\n")
+        data = decoded_head(path, 4096)[0].lstrip(b"\xef\xbb\xbf \t\r\n")
         return (
             data[:1] in (b"{", b"[")
             and b'"traceID"' in data
@@ -64,18 +71,15 @@ class JaegerJSON:
         )
 
     def read(self, path: Path) -> pa.Table:
-        try:
-            document = json.loads(path.read_bytes())
-        except OSError as exc:
-            raise TraceFileError(path, f"cannot read the file ({exc.strerror})") from None
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-            raise TraceFileError(path, f"not valid JSON ({exc})") from None
+        document = load_json(read_bytes(path), path)
         rows: list[dict[str, Any]] = []
         try:
             for where, trace in _traces(document):
                 rows.extend(_trace_rows(trace, where))
         except _Bad as exc:
             raise TraceFileError(path, str(exc)) from None
+        except RecursionError:
+            raise TraceFileError(path, "a tag value is nested too deeply") from None
         return rows_to_table(rows, path, self.name)
 
 
@@ -116,6 +120,8 @@ def _span_rows(
     service, process_tags = _process(span, processes, at)
     start_ns = _ns(span.get("startTime"), f"{at}.startTime")
     end_ns = start_ns + _ns(span.get("duration", 0), f"{at}.duration")
+    if not fits_int64(end_ns):
+        raise _Bad(f"{at}.duration", "the span ends beyond the int64 ns range")
     if end_ns < start_ns:
         raise _Bad(f"{at}.duration", f"negative duration {span.get('duration')!r}")
     name = span.get("operationName")
@@ -256,8 +262,10 @@ def _hex_id(value: Any, width: int, at: str) -> str:
 def _ns(value_us: Any, at: str) -> int:
     if isinstance(value_us, bool) or not isinstance(value_us, (int, float)):
         raise _Bad(at, f"expected microseconds as a number, got {value_us!r}")
-    if isinstance(value_us, int):
-        return value_us * 1000
-    if value_us != value_us or value_us in (float("inf"), float("-inf")):
+    if isinstance(value_us, float) and (value_us != value_us or value_us in (
+            float("inf"), float("-inf"))):
         raise _Bad(at, f"expected a finite number, got {value_us!r}")
-    return round(value_us * 1000)
+    value_ns = value_us * 1000 if isinstance(value_us, int) else round(value_us * 1000)
+    if not fits_int64(value_ns):
+        raise _Bad(at, f"{value_us!r} µs is beyond the int64 ns range")
+    return value_ns

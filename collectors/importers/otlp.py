@@ -4,19 +4,16 @@
 line. ``format: proto`` writes each marshalled ``TracesData`` after its length, a 4-byte
 big-endian unsigned integer (opentelemetry-collector-contrib
 ``exporter/fileexporter/file_writer.go``, ``exportMessageAsBuffer``). Either may be
-gzip-compressed as a whole (``gzip`` after the fact); the Collector's own per-message
+gzip-compressed as a whole (``gzip`` after the fact), up to `MAX_DECOMPRESSED_BYTES`
+decompressed; the Collector's own per-message
 ``compression: zstd`` is not read.
 """
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
-import os
-import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,18 +22,19 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from ttft.collectors.errors import TraceFileError
-from ttft.collectors.importers._base import head, rows_to_table
+from ttft.collectors.importers._base import (
+    MAX_DECOMPRESSED_BYTES,
+    decoded_head,
+    opened,
+    rows_to_table,
+)
 from ttft.collectors.otlp_rows import parse_json_request, parse_proto_request, request_to_rows
 
 __all__ = ["MAX_DECOMPRESSED_BYTES", "OTLPJsonLines", "OTLPProto"]
 
-MAX_DECOMPRESSED_BYTES = 2 << 30
-"""Most bytes a gzip-compressed file may decompress to; a larger one is refused."""
-
 REJECTED_EXAMPLES = 3
 """Rejected-span messages kept as examples in a table's ``rejected`` metadata."""
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _BOM = b"\xef\xbb\xbf"
 _FIELD_1 = 0x0A  # field 1, length-delimited: ``resource_spans``; ``ResourceSpans.resource``
@@ -61,13 +59,13 @@ class OTLPJsonLines:
     description = "OTLP/JSON Lines (OpenTelemetry Collector file exporter, format: json)"
 
     def guess_can_open(self, path: Path) -> bool:
-        data = _decoded_head(path, 4096)[0].removeprefix(_BOM)
+        data = decoded_head(path, 4096)[0].removeprefix(_BOM)
         return data.lstrip()[:1] in (b"{", b"[") and (
             b"resourceSpans" in data or b"resource_spans" in data)
 
     def read(self, path: Path) -> pa.Table:
         spans = _Spans()
-        with _opened(path) as stream:
+        with opened(path) as stream:
             for where, document in _json_documents(stream, path):
                 if document and not ("resourceSpans" in document or "resource_spans" in document):
                     keys = ", ".join(sorted(map(str, document))[:5])
@@ -95,7 +93,7 @@ class OTLPProto:
                    "or one serialized ExportTraceServiceRequest)")
 
     def guess_can_open(self, path: Path) -> bool:
-        data, total = _decoded_head(path, 64 << 10)
+        data, total = decoded_head(path, 64 << 10)
         if len(data) >= 4:
             size = int.from_bytes(data[:4], "big")
             if (total is None or 4 + size <= total) and _starts_request(data[4:], size):
@@ -104,7 +102,7 @@ class OTLPProto:
 
     def read(self, path: Path) -> pa.Table:
         spans = _Spans()
-        with _opened(path) as stream:
+        with opened(path) as stream:
             for where, payload in _messages(stream, path):
                 if payload.startswith(_ZSTD_MAGIC):
                     raise TraceFileError(path, f"{where}: zstd-compressed (the Collector's "
@@ -137,63 +135,6 @@ class _Spans:
     def table(self, path: Path, source_format: str) -> pa.Table:
         return rows_to_table(self.rows, path, source_format, requests=self.requests,
                              rejected={"count": self.rejected, "examples": self.examples})
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _Limited(io.RawIOBase):
-    """A decompressing stream that raises `_TooLarge` past ``limit`` bytes."""
-
-    def __init__(self, stream: io.BufferedIOBase, limit: int) -> None:
-        self._stream = stream
-        self._left = limit
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        count = self._stream.readinto(buffer)
-        self._left -= count
-        if self._left < 0:
-            raise _TooLarge
-        return count
-
-
-@contextmanager
-def _opened(path: Path) -> Iterator[io.BufferedReader]:
-    """``path`` as a binary stream, gzip decompressed on the fly; read errors (I/O, gzip,
-    the size limit) inside the block become `TraceFileError`."""
-    try:
-        with open(path, "rb") as raw:
-            if raw.peek(2)[:2] == _GZIP_MAGIC:
-                with gzip.GzipFile(fileobj=raw) as unzipped:
-                    yield io.BufferedReader(_Limited(unzipped, MAX_DECOMPRESSED_BYTES))
-            else:
-                yield raw
-    except _TooLarge:
-        raise TraceFileError(path, f"decompresses to more than {MAX_DECOMPRESSED_BYTES} "
-                                     "bytes") from None
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise TraceFileError(path, f"not valid gzip: {exc}") from None
-    except OSError as exc:
-        raise TraceFileError(path, exc.strerror or str(exc)) from None
-
-
-def _decoded_head(path: Path, size: int) -> tuple[bytes, int | None]:
-    """The first bytes of ``path`` (decompressed when gzip), and the file's whole length
-    when it is known without reading it (None for gzip). Never raises."""
-    data = head(path, size)
-    if data[:2] != _GZIP_MAGIC:
-        try:
-            return data, os.path.getsize(path)
-        except OSError:
-            return data, None
-    try:
-        return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(data, 4 * size), None
-    except zlib.error:
-        return b"", None
 
 
 def _json_documents(stream: IO[bytes], path: Path) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -22,7 +22,7 @@ from opentelemetry.trace import Link, Status, StatusCode
 
 from ttft.collectors import TraceFileError, guess_format, write_trace
 from ttft.collectors.importers import IMPORTERS
-from ttft.collectors.importers import otlp as otlp_importer
+from ttft.collectors.importers import _base as importers_base
 from ttft.collectors.otlp_rows import parse_json_request
 from ttft.tracer.schema import METADATA_KEY, SPAN_SCHEMA
 
@@ -318,10 +318,11 @@ def test_invalid_spans_are_counted_and_the_rest_is_read(tmp_path, sdk):
 
 def test_gzip_is_bounded_and_checked(tmp_path, sdk, monkeypatch):
     path, _ = write(tmp_path, "gzip-collector-hex", sdk[2])
-    monkeypatch.setattr(otlp_importer, "MAX_DECOMPRESSED_BYTES", 100)
+    monkeypatch.setattr(importers_base, "MAX_DECOMPRESSED_BYTES", 100)
     with pytest.raises(TraceFileError) as error:
         JSON_READER.read(path)
-    assert error.value.reason == "decompresses to more than 100 bytes"
+    assert error.value.reason == ("decompresses to more than 100 bytes "
+                                  "(the limit MAX_DECOMPRESSED_BYTES)")
     monkeypatch.undo()
     path.write_bytes(path.read_bytes()[:-12])
     with pytest.raises(TraceFileError) as error:
