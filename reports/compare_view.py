@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ttft.reports._text import plain
 from ttft.tracer.schema import CONDITIONS
 
 
@@ -34,10 +35,11 @@ def render_compare(
         Text.assemble(
             ("ttft compare ", "bold"),
             ("A ", "bold"),
-            (paths[0], "bold cyan"),
+            plain(paths[0], "bold cyan"),
             ("  B ", "bold"),
-            (paths[1], "bold cyan"),
-            f"\nboundary={boundary}  policy={policy}  requests A={n_a:,} B={n_b:,}",
+            plain(paths[1], "bold cyan"),
+            "\n",
+            plain(f"boundary={boundary}  policy={policy}  requests A={n_a:,} B={n_b:,}"),
         )
     )
     conditions = list(dict.fromkeys(table["condition"]))
@@ -77,7 +79,7 @@ def _condition_table(
     else:
         label = cond
     title = f"{label}: A {first['a_requests']:,} · B {first['b_requests']:,} requests"
-    out = Table(title=title, title_justify="left")
+    out = Table(title=plain(title, "table.title"), title_justify="left")
     out.add_column("metric")
     out.add_column("pct", justify="right")
     for name in ("A ms", "B ms", "Δ ms", "Δ %"):
@@ -99,7 +101,7 @@ def _cells(row: Any) -> list[str | Text]:
     pct = "—" if math.isnan(row.delta_pct) else f"{row.delta_pct:+.1f}%"
     marker = _marker(row.ci_lo_ms, row.ci_hi_ms)
     return [
-        "TTFT" if row.metric == "ttft" else row.metric,
+        plain("TTFT" if row.metric == "ttft" else row.metric),
         f"p{row.percentile}",
         f"{row.a_ms:,.2f}",
         f"{row.b_ms:,.2f}",
@@ -120,7 +122,7 @@ def render_failure_rates(table: pd.DataFrame, console: Console, confidence: floa
                        else "right")
     for row in table.itertuples(index=False):
         out.add_row(
-            row.condition,
+            plain(row.condition),
             f"{row.a_failed:,}/{row.a_requests:,} ({row.a_rate:.1%})",
             f"{row.b_failed:,}/{row.b_requests:,} ({row.b_rate:.1%})",
             f"{row.delta_pp:+.1f}",
@@ -141,5 +143,5 @@ def _marker(ci_lo: float, ci_hi: float) -> Text:
     return Text("~", style="dim")
 
 
-def _kinds(kinds: dict[str, int]) -> str:
-    return ", ".join(f"{kind} {n:,}" for kind, n in kinds.items()) or "-"
+def _kinds(kinds: dict[str, int]) -> Text:
+    return plain(", ".join(f"{kind} {n:,}" for kind, n in kinds.items()) or "-")

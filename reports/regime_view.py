@@ -11,9 +11,11 @@ from typing import Any
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.regime import Peaks
+from ttft.reports._text import plain
 
 __all__ = [
     "RegimeResult",
@@ -43,17 +45,19 @@ def fmt_si(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
-def fmt_bound(bound: str | None, fraction: float) -> str:
-    """``compute 41%`` (markup coloured by bound), ``-`` when unknown."""
+def fmt_bound(bound: str | None, fraction: float) -> Text:
+    """``compute 41%``, the bound coloured (compute cyan, else magenta); ``-`` when
+    unknown."""
     if bound is None:
-        return "-"
+        return Text("-")
     pct = f" {fraction:.0%}" if fraction is not None and math.isfinite(fraction) else ""
-    return f"[{'cyan' if bound == 'compute' else 'magenta'}]{bound}[/]{pct}"
+    return Text.assemble(plain(bound, "cyan" if bound == "compute" else "magenta"), pct)
 
 
-def peaks_line(peaks: Peaks) -> str:
-    """``peaks: 989 TFLOP/s, 3.35 TB/s (ridge 295 FLOP/B), <device>, <where from>``."""
-    return (
+def peaks_line(peaks: Peaks) -> Text:
+    """``peaks: 989 TFLOP/s, 3.35 TB/s (ridge 295 FLOP/B), <device>, <where from>``, as
+    plain text (the device's name comes from the trace)."""
+    return plain(
         f"peaks: {fmt_si(peaks.flops_per_s, 'FLOP/s')}, {fmt_si(peaks.bytes_per_s, 'B/s')} "
         f"(ridge {peaks.ridge:.3g} FLOP/B), {peaks.device}, "
         f"{_SOURCES.get(peaks.source, peaks.source)}"
@@ -78,21 +82,26 @@ def render_regime(
     """
     if frame is None:
         console.print(
-            "[yellow]regime: the trace does not say which model it ran (no model_config "
-            "in its metadata, no engine_info event); pass --model-config FILE.json (a "
-            "Hugging Face config.json or ttft ModelConfig fields, with dtype)[/yellow]"
+            Text(
+                "regime: the trace does not say which model it ran (no model_config in its "
+                "metadata, no engine_info event); pass --model-config FILE.json (a Hugging "
+                "Face config.json or ttft ModelConfig fields, with dtype)",
+                style="yellow",
+            )
         )
     if peaks is None:
         device = f"device {device_name!r}" if device_name else "the device"
         console.print(
-            f"[yellow]regime: no peaks for {device}: the trace has no measured peaks and "
-            "the name is not in the known-GPU table; pass --peak-tflops and "
-            "--peak-bandwidth-gbs[/yellow]"
+            plain(
+                f"regime: no peaks for {device}: the trace has no measured peaks and the name "
+                "is not in the known-GPU table; pass --peak-tflops and --peak-bandwidth-gbs",
+                "yellow",
+            )
         )
     if frame is None:
         return
     if frame.empty or summary is None or summary.empty:
-        console.print("[yellow]regime: the trace has no prefill.chunk spans[/yellow]")
+        console.print(Text("regime: the trace has no prefill.chunk spans", style="yellow"))
         return
     table = Table(title="prefill regime (per chunk: FLOPs and bytes from the model shape)")
     for name in ("condition", "chunk tokens", "chunks", "tokens", "median FLOP/B", "ridge",
@@ -100,8 +109,8 @@ def render_regime(
         table.add_column(name, justify="left" if name in ("condition", "regime") else "right")
     for r in summary.itertuples(index=False):
         table.add_row(
-            _CONDITION_LABEL.get(r.condition, r.condition),
-            r.chunk_bucket,
+            plain(_CONDITION_LABEL.get(r.condition, r.condition)),
+            plain(r.chunk_bucket),
             f"{r.chunks:,}",
             f"{r.tokens:,}",
             f"{r.median_intensity:.3g}",
@@ -112,8 +121,10 @@ def render_regime(
         )
     console.print(table)
     console.print(
-        "regime: compute-bound when FLOP/B reaches the ridge; the % is achieved FLOP/s over "
-        "the roofline's attainable min(peak, FLOP/B × bandwidth)"
+        Text(
+            "regime: compute-bound when FLOP/B reaches the ridge; the % is achieved FLOP/s "
+            "over the roofline's attainable min(peak, FLOP/B × bandwidth)"
+        )
     )
     if peaks is not None:
         console.print(peaks_line(peaks))

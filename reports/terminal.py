@@ -8,6 +8,7 @@ from rich.text import Text
 
 from ttft.analysis.quality import MEANING
 from ttft.analysis.summary import Summary
+from ttft.reports._text import labelled, plain
 
 _BAR_WIDTH = 20
 
@@ -20,9 +21,15 @@ def _bar(share: float) -> Text:
 
 
 def stage_table(title: str, ttft_ms: dict[str, float], stages: dict[str, dict]) -> Table:
-    """One table: a row per stage (largest share first), TTFT percentiles in the caption."""
+    """One table: a row per stage (largest share first), TTFT percentiles in the caption.
+    ``title`` and the stage names are shown as plain text."""
     caption = "TTFT  " + "  ".join(f"{k} {v:,.2f} ms" for k, v in ttft_ms.items())
-    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    table = Table(
+        title=plain(title, "table.title"),
+        caption=caption,
+        title_justify="left",
+        caption_justify="left",
+    )
     table.add_column("stage")
     table.add_column("share of TTFT", no_wrap=True)
     for name in ("p50 ms", "p90 ms", "p99 ms", "mean ms", "raw mean ms", "overlap ms"):
@@ -31,7 +38,7 @@ def stage_table(title: str, ttft_ms: dict[str, float], stages: dict[str, dict]) 
     for stage, row in ordered:
         style = "dim" if row["share"] == 0 else None
         table.add_row(
-            Text(stage, style=style),
+            plain(stage, style=style or ""),
             _bar(row["share"]),
             f"{row['p50']:,.2f}",
             f"{row['p90']:,.2f}",
@@ -49,14 +56,16 @@ def render_analysis(summary: Summary, console: Console) -> None:
     conditions = summary.conditions
     head = Text.assemble(
         ("ttft analyze ", "bold"),
-        (summary.trace, "bold cyan"),
-        f"  boundary={summary.boundary}  policy={summary.policy}  "
-        f"requests={summary.requests:,} ({summary.requests_ok:,} ok)",
+        plain(summary.trace, "bold cyan"),
+        plain(
+            f"  boundary={summary.boundary}  policy={summary.policy}  "
+            f"requests={summary.requests:,} ({summary.requests_ok:,} ok)"
+        ),
     )
     console.print(head)
     render_failures(summary, console)
     if summary.requests_ok == 0:
-        console.print("[yellow]No request has a TTFT window at this boundary.[/yellow]")
+        console.print(Text("No request has a TTFT window at this boundary.", style="yellow"))
     else:
         label = "ok requests" if summary.failures else "all requests"
         if len(conditions) > 1:
@@ -83,7 +92,7 @@ def render_analysis(summary: Summary, console: Console) -> None:
         tail.add_column("tail mean ms", justify="right")
         tail.add_column("middle mean ms", justify="right")
         for stage, row in sorted(summary.tail.items(), key=lambda kv: -kv[1]["tail_mean"]):
-            tail.add_row(stage, f"{row['tail_mean']:,.2f}", f"{row['median_mean']:,.2f}")
+            tail.add_row(plain(stage), f"{row['tail_mean']:,.2f}", f"{row['median_mean']:,.2f}")
         console.print(tail)
     render_decode(summary, console)
     render_quality(summary, console)
@@ -104,9 +113,11 @@ def render_decode(summary: Summary, console: Console) -> None:
         value = getattr(summary, key)
         if value:
             console.print(
-                f"{label}  p50 {value['p50']:,.2f} ms  p90 {value['p90']:,.2f} ms  "
+                Text(
+                    f"{label}  p50 {value['p50']:,.2f} ms  p90 {value['p90']:,.2f} ms  "
                 f"p99 {value['p99']:,.2f} ms  ({value['requests']:,} "
-                f"{'gaps' if key == 'chunk_gap_ms' else 'requests'})"
+                    f"{'gaps' if key == 'chunk_gap_ms' else 'requests'})"
+                )
             )
 
 
@@ -119,8 +130,12 @@ def render_failures(summary: Summary, console: Console) -> None:
     total = summary.requests
     kinds = ", ".join(f"{kind} {n:,} ({n / total:.1%})" for kind, n in summary.failures.items())
     console.print(
-        f"[bold red]failures:[/bold red] {failed:,} of {total:,} requests ({failed / total:.1%}):"
-        f" {kinds}; TTFT below is over the {summary.requests_ok:,} ok requests",
+        labelled(
+            "failures:",
+            "bold red",
+            f"{failed:,} of {total:,} requests ({failed / total:.1%}): {kinds}; "
+            f"TTFT below is over the {summary.requests_ok:,} ok requests",
+        ),
         soft_wrap=True,
     )
     for kind, examples in summary.failure_examples.items():
@@ -128,15 +143,17 @@ def render_failures(summary: Summary, console: Console) -> None:
             code, error = example["status_code"], example["error"] or "-"
             status = f" HTTP {code}" if code and not error.startswith(f"HTTP {code}") else ""
             console.print(
-                Text(f"  {kind}: {example['trace_id']}{status}: {error}", style="red"),
+                plain(f"  {kind}: {example['trace_id']}{status}: {error}", style="red"),
                 soft_wrap=True,
             )
     seen = summary.failed_first_token
     if seen:
         console.print(
-            f"  {seen['requests']:,} failed requests saw a first token (TTFT p50 "
-            f"{seen['ttft_ms']['p50']:,.2f} ms, p99 {seen['ttft_ms']['p99']:,.2f} ms), "
-            "not counted above"
+            Text(
+                f"  {seen['requests']:,} failed requests saw a first token (TTFT p50 "
+                f"{seen['ttft_ms']['p50']:,.2f} ms, p99 {seen['ttft_ms']['p99']:,.2f} ms), "
+                "not counted above"
+            )
         )
 
 
@@ -145,9 +162,10 @@ def render_quality(summary: Summary, console: Console) -> None:
     quality = {k: v for k, v in summary.quality.items() if v}
     if quality:
         for defect, count in quality.items():
-            console.print(f"[yellow]data quality:[/yellow] {count:,} {defect}: {MEANING[defect]}")
+            line = f"{count:,} {defect}: {MEANING[defect]}"
+            console.print(labelled("data quality:", "yellow", line))
     else:
-        console.print("[green]data quality: no defects found[/green]")
+        console.print(Text("data quality: no defects found", style="green"))
     for c in summary.clocks or []:  # present only when a clock pair disagrees
         pair = f"{c['server_clock']} → {c['client_clock']}"
         how = (
@@ -156,8 +174,7 @@ def render_quality(summary: Summary, console: Console) -> None:
             f"{c['violations_before']:,} → {c['violations_after']:,}"
         )
         if c["applied"]:
-            console.print(
-                f"[yellow]clocks:[/yellow] {pair} offset {c['offset_ms']:+,.3f} ms ({how})"
-            )
+            line = f"{pair} offset {c['offset_ms']:+,.3f} ms ({how})"
         else:
-            console.print(f"[yellow]clocks:[/yellow] {pair} not adjusted ({how})")
+            line = f"{pair} not adjusted ({how})"
+        console.print(labelled("clocks:", "yellow", line))

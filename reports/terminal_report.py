@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ttft.reports._colours import colour
+from ttft.reports._text import plain
 from ttft.reports.report_data import ReportData
 from ttft.reports.terminal import render_failures, render_quality, stage_table
 from ttft.tracer.schema import STAGE_NAMES
@@ -54,11 +55,11 @@ def _headline(data: ReportData) -> Table:
         big = Text()
         if biggest:
             big.append("█ ", style=colour(biggest[0]))
-            big.append(f"{biggest[0]} {biggest[1]['share']:.1%}")
+            big.append(plain(f"{biggest[0]} {biggest[1]['share']:.1%}"))
         ttft = part["ttft_ms"]
         failed = sum(part["failures"].values())
         table.add_row(
-            f"{data.group_label[group]} · {int(mask.sum()):,}",
+            plain(f"{data.group_label[group]} · {int(mask.sum()):,}"),
             Text(f"{failed:,}", style="bold red") if failed else Text("0", style="green"),
             f"{ttft['p50']:,.2f}",
             f"{ttft['p90']:,.2f}",
@@ -88,11 +89,11 @@ def _bands(data: ReportData) -> Table:
             stages.update(s for s, v in parts.items() if v > 0)
             top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
             table.add_row(
-                f"{data.group_label[group]} · {band}",
+                plain(f"{data.group_label[group]} · {band}"),
                 f"{int(row['requests']):,}",
                 f"{row['ttft_ms']:,.2f}",
                 _stacked(parts, float(row["ttft_ms"]), scale),
-                ", ".join(f"{s} {v:,.1f}" for s, v in top if v > 0),
+                plain(", ".join(f"{s} {v:,.1f}" for s, v in top if v > 0)),
             )
         table.add_section()
     table.caption = Text.assemble(table.caption, "\n", _legend(stages))
@@ -109,7 +110,8 @@ def _cdf(data: ReportData) -> Table:
         if len(values) == 0:
             continue
         pcts = np.percentile(values, _CDF_PCTS)
-        table.add_row(data.group_label[group], *(f"{v:,.1f}" for v in pcts), f"{values[-1]:,.1f}")
+        cells = (*(f"{v:,.1f}" for v in pcts), f"{values[-1]:,.1f}")
+        table.add_row(plain(data.group_label[group]), *cells)
     return table
 
 
@@ -123,10 +125,10 @@ def _waterfalls(data: ReportData) -> Table:
     for w in data.waterfalls:
         top = sorted(w.parts_ms.items(), key=lambda kv: -kv[1])[:3]
         table.add_row(
-            f"{w.label} ({w.condition or '?'}) {w.trace_id[:8]}",
+            plain(f"{w.label} ({w.condition or '?'}) {w.trace_id[:8]}"),
             f"{w.ttft_ms:,.2f}",
             _stacked(w.parts_ms, w.ttft_ms, scale),
-            ", ".join(f"{s} {v:,.1f}" for s, v in top),
+            plain(", ".join(f"{s} {v:,.1f}" for s, v in top)),
         )
     return table
 
@@ -145,8 +147,8 @@ def _blame(data: ReportData) -> Table | None:
         table.add_column(name, justify="right")
     for r in frame.itertuples():
         table.add_row(
-            str(r.condition),
-            str(r.wait),
+            plain(r.condition),
+            plain(r.wait),
             f"{int(r.requests):,}",
             f"{r.wait_ms_mean:,.2f}",
             *(
@@ -171,7 +173,7 @@ def _prefill(data: ReportData) -> Table | None:
     for cond, fit in data.prefill_fits.items():
         at = fit.predict_ns(np.array([512.0, 2048.0])) / 1e6
         table.add_row(
-            cond,
+            plain(cond),
             f"{fit.points:,}",
             f"{fit.a_ns / 1e6:,.3f}",
             f"{fit.b_ns_per_token / 1e3:,.3f}",
@@ -189,7 +191,7 @@ def _metadata(metadata: dict[str, Any]) -> Table:
     for key in sorted(metadata):
         value = metadata[key]
         text = value if isinstance(value, str) else json.dumps(value, default=str)
-        table.add_row(key, text if len(text) <= 200 else text[:197] + "…")
+        table.add_row(plain(key), plain(text if len(text) <= 200 else text[:197] + "…"))
     return table
 
 
@@ -199,14 +201,16 @@ def render_report(data: ReportData, console: Console) -> None:
     console.print(
         Text.assemble(
             ("ttft report ", "bold"),
-            (data.trace, "bold cyan"),
-            f"  boundary={s.boundary}  policy={s.policy}  requests={s.requests:,} "
-            f"({s.requests_ok:,} ok)",
+            plain(data.trace, "bold cyan"),
+            plain(
+                f"  boundary={s.boundary}  policy={s.policy}  requests={s.requests:,} "
+                f"({s.requests_ok:,} ok)"
+            ),
         )
     )
     render_failures(s, console)
     if s.requests_ok == 0:
-        console.print("[yellow]No request has a TTFT window at this boundary.[/yellow]")
+        console.print(Text("No request has a TTFT window at this boundary.", style="yellow"))
     else:
         console.print(_headline(data))
         console.print(_bands(data))

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
+from ttft.reports._text import plain
 from ttft.reports.runs.validate import StageCheck, ValidateResult
 
 
-def _row(check: StageCheck, *, informational: bool = False) -> list[str]:
-    mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
+def _row(check: StageCheck, *, informational: bool = False) -> list[str | Text]:
+    mark = Text("✓", style="green") if check.ok else Text("✗", style="red")
     if informational and not check.ok:
-        mark = "[yellow]~[/yellow]"
+        mark = Text("~", style="yellow")
     return [
-        check.stage,
+        plain(check.stage),
         f"{check.injected_ms:.1f}",
         f"{check.recovered_ms:.2f}",
         f"{check.error_ms:+.2f}",

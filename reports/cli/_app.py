@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
+
+from ttft.reports._text import PlainConsole, labelled, plain
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,30 +29,34 @@ app = typer.Typer(
     help="ttft: where did the time to first token go? Trace, attribute, report.",
     rich_markup_mode=None,
 )
-err = Console(stderr=True, highlight=False)
+err = PlainConsole(stderr=True, highlight=False)
 
 
 def fail(message: str) -> typer.Exit:
-    """Print one error line and return the exit (code 2) to raise."""
-    err.print(f"[bold red]error:[/bold red] {message}", soft_wrap=True)
+    """Print one error line and return the exit (code 2) to raise.
+
+    ``message`` is printed as plain text (it quotes paths and servers' bodies): brackets as
+    they are, control characters escaped."""
+    err.print(labelled("error:", "bold red", message), soft_wrap=True)
     return typer.Exit(code=2)
 
 
 @contextmanager
 def progress(message: str):
-    """A spinner on stderr while ``message`` runs (only on a terminal)."""
+    """A spinner on stderr while ``message`` (plain text) runs (only on a terminal)."""
     if err.is_terminal:
-        with err.status(message):
+        with err.status(plain(message)):
             yield
     else:
         yield
 
 
-def stdout_console() -> Console:
-    """A console for results on stdout (140 columns when not a terminal)."""
+def stdout_console() -> PlainConsole:
+    """A console for results on stdout (140 columns when not a terminal) that prints every
+    string as plain text."""
     import sys
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+    return PlainConsole(highlight=False, width=None if sys.stdout.isatty() else 140)
 
 
 def load_trace(

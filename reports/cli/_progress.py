@@ -9,6 +9,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ttft.reports._text import plain
 from ttft.tracer.schema import OUTCOME_OK
 
 
@@ -37,7 +38,7 @@ class RunDisplay:
                 "on_result": self.on_result, "on_waiting": self.waiting}
 
     def start(self, total: int, receiver: str) -> None:
-        self.console.print(f"receiving the server's spans on {receiver} (OTLP/HTTP)")
+        self.console.print(plain(f"receiving the server's spans on {receiver} (OTLP/HTTP)"))
         self.progress.update(self.task, total=total, description="requests")
         self.progress.start()
 

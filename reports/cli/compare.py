@@ -13,6 +13,7 @@ import pandas as pd
 import typer
 from rich.text import Text
 
+from ttft.reports._text import plain
 from ttft.reports.cli._app import analyze_trace, app, err, fail, progress, stdout_console
 from ttft.reports.cli._options import (
     BoundaryName,
@@ -110,7 +111,7 @@ def compare(
         for row in failure_regressions(failures, max_regression).itertuples(index=False)
     ]
     for line in lines:
-        err.print(Text(line, style="red"), soft_wrap=True)
+        err.print(plain(line, "red"), soft_wrap=True)
     if lines:
         raise typer.Exit(code=1)
     err.print(Text(f"no significant regression over {max_regression:g}%", style="green"))

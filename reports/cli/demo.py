@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.text import Text
 
 from ttft.reports.cli._app import app, err, fail, stdout_console
 
@@ -88,6 +89,6 @@ def _print_load(result: DemoResult) -> None:
     parts = ([f"{result.shed} shed (HTTP 429/503)"] if result.shed else []) + (
         [f"{failed} failed"] if failed else [])
     if parts:
-        err.print(f"[yellow]{' and '.join(parts)} of {result.requests} requests: lower the load "
-                  f"with --rate (offered {result.offered_rate_per_s:.2f}/s)[/yellow]",
-                  soft_wrap=True)
+        err.print(Text(f"{' and '.join(parts)} of {result.requests} requests: lower the load "
+                       f"with --rate (offered {result.offered_rate_per_s:.2f}/s)",
+                       style="yellow"), soft_wrap=True)

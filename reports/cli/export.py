@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ttft.reports._text import labelled, plain
 from ttft.reports.cli._app import app, err, fail, progress
 from ttft.reports.cli._options import FormatOption, MappingOption, TraceArgument
 
@@ -50,9 +51,11 @@ def export(
     except OSError as exc:
         raise fail(f"{perfetto}: cannot write ({exc.strerror or exc})") from None
     if not count:
-        err.print(f"[yellow]note:[/yellow] {trace} holds no requests; the file has no events")
+        err.print(labelled("note:", "yellow", f"{trace} holds no requests; the file has no events"))
     err.print(
-        f"wrote {perfetto}: {count:,} requests, {len(events):,} events; "
-        "open it in https://ui.perfetto.dev or chrome://tracing",
+        plain(
+            f"wrote {perfetto}: {count:,} requests, {len(events):,} events; "
+            "open it in https://ui.perfetto.dev or chrome://tracing"
+        ),
         soft_wrap=True,
     )

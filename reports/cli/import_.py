@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from ttft.reports._text import labelled, plain
 from ttft.reports.cli._app import app, err, fail, load_trace, progress
 from ttft.reports.cli._options import FormatOption, MappingOption, TraceArgument
 
@@ -40,13 +41,20 @@ def import_trace(
     traces = len(set(table.column("trace_id").to_pylist()))
     mapped = ", ".join(f"{stage} {n:,}" for stage, n in stages.most_common())
     err.print(
-        f"read {trace} ({metadata.get('source_format', 'ttft')}): {table.num_rows:,} rows in "
-        f"{traces:,} traces ({mapped}); wrote {out} in {time.perf_counter() - started:.1f} s",
+        plain(
+            f"read {trace} ({metadata.get('source_format', 'ttft')}): {table.num_rows:,} rows "
+            f"in {traces:,} traces ({mapped}); wrote {out} in "
+            f"{time.perf_counter() - started:.1f} s"
+        ),
         soft_wrap=True,
     )
     if stages.get("other", 0) == table.num_rows and table.num_rows:
         err.print(
-            "[yellow]note:[/yellow] no span name matched a stage; add rules with --mapping "
-            '(see README, "Importing traces")',
+            labelled(
+                "note:",
+                "yellow",
+                'no span name matched a stage; add rules with --mapping (see README, '
+                '"Importing traces")',
+            ),
             soft_wrap=True,
         )

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ttft.reports._text import plain
 from ttft.reports.cli._app import app, err, fail, stdout_console
 
 if TYPE_CHECKING:
@@ -86,8 +87,11 @@ def profile_prefill(
         skipped = [n for n in DEFAULT_LENGTHS if n > limit]
         if skipped:
             err.print(
-                f"[yellow]note: skipping default length(s) {', '.join(map(str, skipped))}: "
-                f"above the {model.value} model's max_seq_len {limit}[/yellow]"
+                plain(
+                    f"note: skipping default length(s) {', '.join(map(str, skipped))}: "
+                    f"above the {model.value} model's max_seq_len {limit}",
+                    "yellow",
+                )
             )
     else:
         chosen = _ints("--lengths", lengths)
@@ -112,8 +116,10 @@ def profile_prefill(
     started = time.perf_counter()
     what = f"profiling prefill of the {model.value} model on {dev}"
     if err.is_terminal:
-        with err.status(what) as status:
-            run = run_profile(spec, on_step=lambda step: status.update(f"{what}: {step}"))
+        with err.status(plain(what)) as status:
+            run = run_profile(
+                spec, on_step=lambda step: status.update(plain(f"{what}: {step}"))
+            )
     else:
         run = run_profile(spec)
     try:
@@ -139,9 +145,11 @@ def _render(
 
     config, device = metadata["model_config"], metadata["device"]
     console.print(
-        f"model {metadata['model']} ({config['n_layer']} layers, d_model {config['d_model']}, "
-        f"{config['dtype']}) on {device['type']}: {device['name']}; "
-        f"{metadata['repeats']} timed runs per case after {metadata['warmup']} warm-up"
+        plain(
+            f"model {metadata['model']} ({config['n_layer']} layers, d_model "
+            f"{config['d_model']}, {config['dtype']}) on {device['type']}: {device['name']}; "
+            f"{metadata['repeats']} timed runs per case after {metadata['warmup']} warm-up"
+        )
     )
     if peaks is not None:
         console.print(peaks_line(peaks))

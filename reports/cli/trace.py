@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
+from ttft.reports._text import plain
 from ttft.reports.cli._app import analyze_trace, app, err, fail, print_summary
 from ttft.reports.cli._progress import RunDisplay
 
@@ -101,21 +102,29 @@ def trace(
     with RunDisplay(err) as display:
         try:
             run = trace_server(spec, out, **display.callbacks())
-        except (ValueError, ConnectionError) as exc:  # may quote a server's body: escaped
-            raise fail(escape(str(exc))) from None
+        except (ValueError, ConnectionError) as exc:  # may quote a server's body: fail
+            raise fail(str(exc)) from None  # prints it as plain text
         except OSError as exc:
             raise fail(f"{exc.strerror or exc} ({exc.filename or 'receiver or output'})") from None
     lengths = run.prompt_lengths.partition(" (")[0]  # exact, mostly exact or approximate
     err.print(
-        f"{len(run.results)} requests ({run.errors} failed) in {run.seconds:.1f} s; prompt "
-        f"lengths {lengths}; {run.server_spans} span rows from the server, "
-        f"{run.joined}/{len(run.results)} requests joined; trace: {run.trace}"
+        plain(
+            f"{len(run.results)} requests ({run.errors} failed) in {run.seconds:.1f} s; prompt "
+            f"lengths {lengths}; {run.server_spans} span rows from the server, "
+            f"{run.joined}/{len(run.results)} requests joined; trace: {run.trace}"
+        )
     )
     for note in run.notes:  # approximate prompt lengths and why; a model not checked
-        err.print(f"[yellow]{escape(note)}[/yellow]", soft_wrap=True)
+        err.print(plain(note, "yellow"), soft_wrap=True)
     if run.server_spans == 0:
         err.print(
-            f"[yellow]the server sent no spans to {run.receiver}: the analysis below is the "
-            "client's view only (connect, network and the rest of TTFT)[/yellow]"
+            Text.assemble(
+                plain(f"the server sent no spans to {run.receiver}", "yellow"),
+                Text(
+                    ": the analysis below is the client's view only (connect, network and "
+                    "the rest of TTFT)",
+                    style="yellow",
+                ),
+            )
         )
     print_summary(analyze_trace(out), as_json=as_json)

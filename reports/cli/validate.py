@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
+from ttft.reports._text import plain
 from ttft.reports.cli._app import app, err, fail, progress, stdout_console
 
 
@@ -65,16 +67,21 @@ def validate(
 
     stdout_console().print(render_validate(result))
     for line in result.failures:
-        err.print(f"[red]{line}[/red]")
+        err.print(plain(line, "red"))
     misses = [c.stage for c in result.stages if not c.ok]
     verdict = (
-        f"[red]missed: {', '.join(misses)}[/red]"
+        plain(f"missed: {', '.join(misses)}", "red")
         if misses
-        else f"all {len(result.stages)} delays recovered"
+        else Text(f"all {len(result.stages)} delays recovered")
     )
     err.print(
-        f"{verdict} ({result.seconds:.1f} s); the TTFT row is informational (prefill "
-        f"varies between phases); traces: {result.baseline.trace}, {result.injected.trace}"
+        Text.assemble(
+            verdict,
+            plain(
+                f" ({result.seconds:.1f} s); the TTFT row is informational (prefill varies "
+                f"between phases); traces: {result.baseline.trace}, {result.injected.trace}"
+            ),
+        )
     )
     if not result.ok:
         raise typer.Exit(code=1)

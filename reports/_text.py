@@ -1,0 +1,66 @@
+"""Strings from paths, files and the network printed as what they are: plain text.
+
+Rich reads ``[...]`` in a string as markup (a ``[/]`` raises ``MarkupError``) and passes
+escape sequences through to the terminal. Every string a renderer did not write itself goes
+through :func:`plain` (or :func:`safe` where a ``str`` is needed); the CLI's consoles are
+:class:`PlainConsole`, which prints every ``str`` this way too, so a string that slips
+past a renderer is still shown, never interpreted.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rich.console import Console
+from rich.style import StyleType
+from rich.text import Text
+
+__all__ = ["PlainConsole", "labelled", "plain", "safe"]
+
+# C0 controls, DEL, C1 controls, and the line separators and bidirectional overrides that
+# reorder or break what a terminal shows.
+_OTHERS = "\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_CONTROL = re.compile(f"[\x00-\x1f{_OTHERS}]")
+_CONTROL_KEEP_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHERS}]")
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def safe(value: object, *, keep_newlines: bool = False) -> str:
+    """``str(value)`` with every control character escaped visibly: ESC as ``\\x1b``, a
+    newline as ``\\n`` (kept as a line break with ``keep_newlines``), DEL as ``\\x7f``,
+    U+202E as ``\\u202e``. Brackets are left as they are: the result is text, to be put in
+    a :class:`~rich.text.Text` or printed by a console with markup off, never parsed."""
+    pattern = _CONTROL_KEEP_NEWLINE if keep_newlines else _CONTROL
+    return pattern.sub(_escape, str(value))
+
+
+def plain(value: object, style: StyleType = "") -> Text:
+    """``value`` as a :class:`~rich.text.Text` of :func:`safe` text in ``style``: a table
+    cell, a title or a part of a line that rich shows exactly as written."""
+    return Text(safe(value), style=style)
+
+
+def labelled(label: str, style: StyleType, message: object) -> Text:
+    """``label`` in ``style``, a space, then ``message`` as :func:`plain` text: the
+    ``error: ...`` and ``note: ...`` lines."""
+    return Text.assemble((label, style), " ", plain(message))
+
+
+class PlainConsole(Console):
+    """A :class:`~rich.console.Console` that prints every ``str`` (in ``print``, table
+    cells, titles and captions) as plain text: no markup, no emoji codes, control
+    characters escaped as :func:`safe` does, line breaks kept. Styled output is built
+    from :class:`~rich.text.Text`, which this console shows as it is."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        kwargs.update(markup=False, emoji=False)
+        return super().render_str(safe(text, keep_newlines=True), **kwargs)
