@@ -79,7 +79,8 @@ def fits_int64(value_ns: int) -> bool:
 
 
 class _TooLarge(Exception):
-    pass
+    """The decompressed data passed `MAX_DECOMPRESSED_BYTES` (turned into a
+    `TraceFileError` naming the file)."""
 
 
 class _Limited(io.RawIOBase):
