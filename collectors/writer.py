@@ -79,7 +79,7 @@ class TraceWriter:
 
     def __init__(self, path: str | os.PathLike[str], *, metadata: Mapping[str, Any] | None = None,
                  flush_spans: int = 50_000, flush_interval_s: float | None = 5.0,
-                 merge_on_close: bool = True) -> None:
+                 merge_on_close: bool = True, initial_part: bool = False) -> None:
         """Create the parts directory and start the timer thread.
 
         Args:
@@ -89,6 +89,8 @@ class TraceWriter:
             flush_interval_s: flush when the oldest buffered row is this old; ``None``
                 disables time-based flushing (and the timer thread).
             merge_on_close: merge the parts into ``path`` on close; else keep the directory.
+            initial_part: write an empty part with the run metadata at once, so a process
+                killed before its first flush still leaves a readable (empty) trace.
 
         Raises:
             ValueError: a non-positive ``flush_spans`` or ``flush_interval_s``.
@@ -111,12 +113,15 @@ class TraceWriter:
             raise FileExistsError(f"{self.parts_dir}: holds parts of another run; read or "
                                   "remove them first")
         self.parts_dir.mkdir(parents=True, exist_ok=True)
+        if initial_part:
+            write_atomic(self.parts_dir / "part-00000.parquet", SPAN_SCHEMA.empty_table(),
+                         self._metadata_json())
         self._lock = threading.Lock()  # guards the buffer, counters and metadata
         self._io_lock = threading.Lock()  # serializes part writes and the merge
         self._buffer: list[pa.Table] = []
         self._buffered_rows = 0
         self._oldest_ns: int | None = None  # monotonic time of the oldest buffered append
-        self._next_part = 0
+        self._next_part = 1 if initial_part else 0
         self._closed = False
         self.rows_written = 0
         self.dropped_rows = 0

@@ -24,6 +24,11 @@ def _delays(values: list[str]) -> dict[str, float]:
     return out
 
 
+TRACE_OUT_FLUSH_S = 0.5
+"""How often ``--trace-out`` writes the spans it holds as a part file (the tracer hands
+spans over at least every 0.5 s too)."""
+
+
 @app.command()
 def serve(
     model: Annotated[str, typer.Option(help="model preset: tiny, small or base")] = "tiny",
@@ -63,7 +68,10 @@ def serve(
         from ttft.collectors.otel_exporter import ParquetSpanExporter
 
         try:
-            exporters.append(ParquetSpanExporter(trace_out))
+            # parts at least every TRACE_OUT_FLUSH_S, and one at once: a SIGKILL loses at
+            # most about a second of spans and always leaves a readable trace
+            exporters.append(ParquetSpanExporter(
+                trace_out, flush_interval_s=TRACE_OUT_FLUSH_S, initial_part=True))
         except (OSError, ValueError) as exc:
             raise fail(f"{trace_out}: cannot write a trace there ({exc})") from None
     if otlp_endpoint is not None:

@@ -329,3 +329,18 @@ def test_concurrent_appends_and_timed_flushes_keep_every_row(tmp_path):
     names = read_spans(path).column("name").to_pylist()
     assert sorted(names) == sorted(f"span-{k * 1000 + i}" for k in range(8) for i in range(300))
     assert writer.rows_written == 2400
+
+
+def test_an_initial_part_makes_a_trace_readable_before_the_first_flush(tmp_path):
+    path = tmp_path / "trace.parquet"
+    writer = TraceWriter(path, metadata={"run": "early"}, flush_interval_s=None,
+                         initial_part=True)
+    parts = tmp_path / "trace.parquet.parts"
+    assert sorted(p.name for p in parts.iterdir()) == ["part-00000.parquet"]
+    early = read_spans(path)  # a process killed now leaves this
+    assert early.num_rows == 0 and run_metadata(early)["run"] == "early"
+    writer.append(rows(0, 3))
+    writer.flush()
+    assert sorted(p.name for p in parts.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+    writer.close()
+    assert read_spans(path).to_pylist() == rows(0, 3)
