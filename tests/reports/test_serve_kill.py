@@ -53,11 +53,7 @@ def _kill(process: subprocess.Popen) -> None:
 
 def test_a_kill_before_any_request_leaves_a_readable_trace(tmp_path):
     trace = tmp_path / "server.parquet"
-    process = _serve(trace, _free_port())
-    try:
-        pass  # killed as soon as it answers
-    finally:
-        _kill(process)
+    _kill(_serve(trace, _free_port()))  # killed as soon as it answers
     table = read_spans(trace)  # the parts directory the killed writer left
     assert table.filter(pc.equal(table.column("stage"), "server")).num_rows == 0
 
