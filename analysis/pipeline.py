@@ -17,7 +17,7 @@ import pyarrow as pa
 from ttft.analysis.assemble import Assembly, assemble
 from ttft.analysis.attribution import Attribution, attribute
 from ttft.analysis.summary import Summary, summarize
-from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION
+from ttft.tracer.schema import INPUTS_KEY, METADATA_KEY, SCHEMA_VERSION
 
 __all__ = ["Analysis", "analyze"]
 
@@ -96,4 +96,7 @@ def analyze(
         trace=trace,
         schema_version=version if isinstance(version, int) else SCHEMA_VERSION,
     )
+    raw_inputs = (table.schema.metadata or {}).get(INPUTS_KEY)
+    if raw_inputs:
+        summary.inputs = json.loads(raw_inputs)
     return Analysis(asm, attr, summary, metadata)

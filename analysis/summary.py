@@ -116,7 +116,9 @@ class Summary:
     are over the ok requests (see ``analysis.decode``), each None where none has what it
     needs; ``tail`` maps a stage to
     ``tail_mean, median_mean``; ``quality`` counts each defect; ``clocks`` (see
-    `clock_list`) is None unless a clock pair disagrees.
+    `clock_list`) is None unless a clock pair disagrees; ``inputs`` (what was read, see
+    ``ttft.collectors.read_inputs``) is None unless the trace was a directory of runs or an
+    unfinished run.
     """
 
     trace: str
@@ -139,13 +141,15 @@ class Summary:
     tail: dict[str, dict[str, float]]
     quality: dict[str, int]
     clocks: list[dict[str, Any]] | None = None
+    inputs: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as JSON-ready values, keys in their documented order; ``clocks``
-        only when present."""
+        and ``inputs`` only when present."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["clocks"] is None:
-            del out["clocks"]
+        for optional in ("clocks", "inputs"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     def group(self, name: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ttft.collectors.otel_exporter import ParquetSpanExporter
     from ttft.collectors.otlp_grpc import OTLPGrpcReceiver
     from ttft.collectors.otlp_receiver import OTLPReceiver
-    from ttft.collectors.reader import guess_format, read_spans, run_metadata
+    from ttft.collectors.reader import guess_format, read_inputs, read_spans, run_metadata
     from ttft.collectors.rows import Event, Link, event_span_id, span_rows
     from ttft.collectors.trace_run import TraceRun, TraceSpec, trace_server
     from ttft.collectors.writer import TraceWriter, write_trace
@@ -50,6 +50,7 @@ _EXPORTS = {
     "guess_format": "ttft.collectors.reader",
     "join_traces": "ttft.collectors.join",
     "load_mapping": "ttft.collectors.importers.mapping",
+    "read_inputs": "ttft.collectors.reader",
     "read_spans": "ttft.collectors.reader",
     "run_metadata": "ttft.collectors.reader",
     "span_rows": "ttft.collectors.rows",
@@ -75,6 +76,7 @@ __all__ = [
     "guess_format",
     "join_traces",
     "load_mapping",
+    "read_inputs",
     "read_spans",
     "run_metadata",
     "span_rows",

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ttft.collectors._log import log_index
 from ttft.tracer.schema import METADATA_KEY
 
 PARTS_SUFFIX = ".parts"
@@ -56,6 +57,25 @@ def part_files(directory: Path) -> list[Path]:
         and not entry.name.startswith((".", "_"))
     ]
     return [directory / name for name in sorted(names, key=_part_key)]
+
+
+def log_files(directory: Path) -> list[tuple[int, Path]]:
+    """The span-log segments of a parts directory (``log-NNNNN.spans``), by part index."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in os.scandir(directory):
+        index = log_index(entry.name)
+        if index is not None and entry.is_file():
+            found.append((index, directory / entry.name))
+    return sorted(found)
+
+
+def uncovered_logs(directory: Path) -> list[tuple[int, Path]]:
+    """The segments whose part is missing: their rows are read from the log itself (a part
+    that exists holds every row of its segment)."""
+    return [(index, path) for index, path in log_files(directory)
+            if not (directory / f"part-{index:05d}.parquet").exists()]
 
 
 def fsync(path: Path) -> None:

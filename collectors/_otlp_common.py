@@ -4,9 +4,10 @@ an export and its partial-success answer, and the request bookkeeping."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -31,8 +32,11 @@ MAX_ERRORS_REPORTED = 10
 
 
 def as_sink(sink: TraceWriter | Sink) -> Sink:
-    """A writer's ``append``, or the callable itself."""
-    return sink.append if isinstance(sink, TraceWriter) else sink
+    """A writer's durable ``append`` (it returns once the rows are on disk, so a receiver
+    acknowledges only what a kill cannot take back), or the callable itself."""
+    if isinstance(sink, TraceWriter):
+        return functools.partial(sink.append, durable=True)
+    return sink
 
 
 def bearer_ok(authorization: str | None, token: str) -> bool:
@@ -48,15 +52,17 @@ def bearer_ok(authorization: str | None, token: str) -> bool:
     return hmac.compare_digest(credentials.strip().encode(), token.encode())
 
 
-def store_export(request: ExportTraceServiceRequest, parse_rejected: list[str], sink: Sink
-                 ) -> tuple[ExportTraceServiceResponse, int, int]:
-    """Convert an export's spans to rows, hand them to ``sink`` in one table, and answer.
+def store_export(chunks: Iterable[ExportTraceServiceRequest], parse_rejected: list[str],
+                 sink: Sink) -> tuple[ExportTraceServiceResponse, int, int]:
+    """Convert an export's spans to rows chunk by chunk, hand each chunk's rows to ``sink``
+    as one table, and answer.
 
     Args:
-        request: the parsed export.
+        chunks: the export, as requests of a bounded number of spans each
+            (:mod:`ttft.collectors._otlp_chunks`), so that only one chunk's rows are held.
         parse_rejected: one message per span already left out of ``request`` when it was
             parsed (:func:`~ttft.collectors.otlp_rows.parse_json_export`).
-        sink: takes the rows; not called when no span is valid.
+        sink: takes the rows; not called for a chunk without a valid span.
 
     Returns:
         The response (``partial_success`` with ``rejected_spans`` and the first
@@ -64,18 +70,24 @@ def store_export(request: ExportTraceServiceRequest, parse_rejected: list[str], 
         the number of spans stored and the number rejected.
 
     Raises:
-        Exception: whatever ``sink`` raises; nothing was stored then.
+        Exception: whatever ``sink`` raises. The chunks before it were stored: the sender
+            retries the export, so those spans arrive twice (at least once is the rule;
+            the analysis keeps one of two spans with the same id).
     """
-    rows, errors = request_to_rows(request)
-    if rows:
-        sink(to_span_table(rows))
-    rejected = parse_rejected + errors
-    spans = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+    rejected = list(parse_rejected)
+    stored = 0
+    for chunk in chunks:
+        rows, errors = request_to_rows(chunk)
+        if rows:
+            sink(to_span_table(rows))
+        rejected += errors
+        stored += sum(len(s.spans) for r in chunk.resource_spans for s in r.scope_spans)
+        stored -= len(errors)
     response = ExportTraceServiceResponse()
     if rejected:
         response.partial_success.rejected_spans = len(rejected)
         response.partial_success.error_message = "; ".join(rejected[:MAX_ERRORS_REPORTED])
-    return response, spans - len(errors), len(rejected)
+    return response, stored, len(rejected)
 
 
 class ReceiverBookkeeping:

@@ -17,6 +17,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from ttft.collectors._otlp_chunks import parsed_chunks
 from ttft.collectors._otlp_common import (
     MAX_INFLIGHT_BYTES,
     ReceiverBookkeeping,
@@ -26,7 +27,6 @@ from ttft.collectors._otlp_common import (
     store_export,
 )
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
-from ttft.collectors.otlp_rows import parse_proto_request
 from ttft.collectors.writer import TraceWriter
 
 __all__ = ["EXPORT_METHOD", "Collector", "OTLPGrpcReceiver"]
@@ -187,11 +187,11 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
                 raise _Abort(grpc.StatusCode.UNAUTHENTICATED,
                              "missing or wrong bearer token (authorization: Bearer <token>)")
         try:
-            request = parse_proto_request(body)
+            chunks = parsed_chunks(body)
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"message is {exc}") from exc
         try:
-            response, stored, rejected = store_export(request, [], self._sink)
+            response, stored, rejected = store_export(chunks, [], self._sink)
         except Exception as exc:
             raise _Abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}") from exc
         self._count_spans(stored, rejected)

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from ttft.collectors._otlp_chunks import message_chunks, parsed_chunks
 from ttft.collectors._otlp_common import (
     MAX_INFLIGHT_BYTES,
     RETRY_AFTER_S,
@@ -35,7 +36,7 @@ from ttft.collectors._otlp_common import (
     bearer_ok,
     store_export,
 )
-from ttft.collectors.otlp_rows import parse_json_export, parse_proto_request, request_to_rows
+from ttft.collectors.otlp_rows import parse_json_export, request_to_rows
 from ttft.collectors.writer import TraceWriter
 
 __all__ = ["LISTEN_BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_DEADLINE_S",
@@ -78,14 +79,17 @@ def _hold(take: Callable[[int], bool], n_bytes: int, budget_bytes: int) -> None:
                       {"Retry-After": str(RETRY_AFTER_S)})
 
 
-def _parse(body: bytes, content_type: str) -> tuple[ExportTraceServiceRequest, list[str]]:
-    """The request and one message per span left out of it (JSON spans that do not parse)."""
+def _parse(body: bytes, content_type: str
+           ) -> tuple[Iterator[ExportTraceServiceRequest], list[str]]:
+    """The request in chunks, and one message per span left out of it (JSON spans that do
+    not parse). The whole body is checked first: a 400 stores nothing."""
     try:
         if content_type == _PROTOBUF:
-            return parse_proto_request(body), []
-        return parse_json_export(body)
+            return parsed_chunks(body), []
+        request, rejected = parse_json_export(body)
     except ValueError as exc:
         raise _Reject(400, f"body is {exc}") from exc
+    return message_chunks(request), rejected
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
@@ -368,8 +372,9 @@ class OTLPReceiver(ReceiverBookkeeping):
         if encoding == "gzip":
             body = _gunzip(body, self.max_body_bytes)
             _hold(take, len(body) - length, self.max_inflight_bytes)
-        request, parse_rejected = _parse(body, content_type)
-        response, stored, rejected = store_export(request, parse_rejected, self._sink)
+        chunks, parse_rejected = _parse(body, content_type)
+        del body  # the chunks keep what they need
+        response, stored, rejected = store_export(chunks, parse_rejected, self._sink)
         self._count_spans(stored, rejected)
         return response
 

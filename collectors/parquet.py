@@ -16,39 +16,32 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ttft.collectors._files import part_files, parts_dir
+from ttft.collectors._log import LogError, read_log
+from ttft.collectors._runs import Run, refreshed, trace_runs
 from ttft.collectors._spans import Fail, conform
 from ttft.collectors.errors import MAX_DECOMPRESSED_BYTES, MAX_PARQUET_RATIO, TraceFileError
-from ttft.tracer.schema import COLUMNS, METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
+from ttft.tracer.schema import COLUMNS, INPUTS_KEY, METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
 __all__ = ["iter_batches", "read_parquet", "read_parquet_metadata", "trace_files"]
 
 
 def trace_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The Parquet files of a trace, in order: ``path`` itself, or the parts of a directory
-    (dot- and underscore-files skipped). A missing ``path`` whose ``<path>.parts`` exists (a
-    writer that did not close) reads as that directory.
+    """The Parquet files of a trace, in order: ``path`` itself, the parts of a parts
+    directory, or every run's files in a directory of runs (see :func:`trace_runs`; log
+    segments are not files of this list).
 
     Raises:
         TraceFileError: nothing to read at ``path``.
     """
-    target = Path(path)
-    if not target.exists():
-        if not parts_dir(target).is_dir():
-            raise TraceFileError(target, "does not exist")
-        target = parts_dir(target)
-    if not target.is_dir():
-        return [target]
-    files = part_files(target)
-    if not files:
-        raise TraceFileError(target, "directory holds no Parquet part files")
-    return files
+    return [part for run in trace_runs(path) for part in run.parts]
 
 
 def _open_checked(file: Path) -> tuple[pq.ParquetFile, bytes]:
     """Open one trace file and check its footer: ttft metadata, version and columns."""
     try:
         source = pq.ParquetFile(file)
+    except FileNotFoundError:
+        raise
     except (pa.ArrowException, OSError, ValueError) as exc:  # a torn footer: UnicodeDecodeError
         raise TraceFileError(file, f"not a readable Parquet file ({exc})") from exc
     try:
@@ -103,35 +96,99 @@ class _Budget:
                                        "limits MAX_DECOMPRESSED_BYTES, MAX_PARQUET_RATIO)")
 
 
-def _read_tables(path: str | os.PathLike[str], batch_rows: int
+_ATTEMPTS = 3  # looks at a run whose files keep vanishing under a live writer
+
+
+def _read_tables(path: str | os.PathLike[str], batch_rows: int, inputs: list[dict] | None = None
                  ) -> Iterator[tuple[pa.Table, bytes]]:
     """Checked tables of a trace, each with its file's raw run metadata (an empty table for
-    a file without rows). A bad row is reported by its number within its file."""
+    a file without rows). A bad row is reported by its number within its file. With
+    ``inputs``, one entry per run read is appended to it (see :func:`read_parquet`).
+
+    A finished run is read lazily; an unfinished one (a live or killed writer's parts and
+    log) whole, and looked at again if a file vanishes meanwhile (its part was written, or
+    the run merged), so no row is read twice or missed."""
     budget = _Budget()
-    for file in trace_files(path):
-        source, raw = _open_checked(file)
-        budget.disk_bytes += file.stat().st_size
-        with source:
-            batches = source.iter_batches(batch_size=batch_rows, columns=list(COLUMNS))
-            offset = 0
-            while True:
-                try:
-                    batch = next(batches, None)
-                    if batch is not None:
-                        # Out-of-range dictionary indices or bad UTF-8 would otherwise reach
-                        # the analysis as IndexError (about 0.1 s per million rows).
-                        batch.validate(full=True)
-                except (pa.ArrowException, OSError, ValueError) as exc:
-                    raise TraceFileError(file, f"corrupt Parquet data ({exc})") from exc
-                if batch is None:
-                    if offset == 0:
-                        yield SPAN_SCHEMA.empty_table(), raw
-                    break
-                table = conform(pa.Table.from_batches([batch]), _file_fail(file, offset),
-                                extra_ok=True, check_rows=False)
-                budget.decoded(file, table.nbytes)
-                yield table, raw
-                offset += batch.num_rows
+    for run in trace_runs(path):
+        if run.finished:
+            count = 0
+            try:
+                for table, raw in _file_tables(run.parts[0], batch_rows, budget):
+                    count += table.num_rows
+                    yield table, raw
+            except FileNotFoundError:
+                raise TraceFileError(run.parts[0], "vanished while being read") from None
+            if inputs is not None:
+                inputs.append({"path": str(run.path), "state": "finished", "spans": count})
+            continue
+        for attempt in range(_ATTEMPTS):
+            try:
+                tables, described = _unfinished_tables(run, batch_rows, budget)
+                break
+            except FileNotFoundError:
+                if attempt == _ATTEMPTS - 1:
+                    raise TraceFileError(run.path, "its files kept changing while being "
+                                                   "read; try again") from None
+                run = refreshed(run)
+        if inputs is not None:
+            inputs.append(described)
+        yield from tables
+
+
+def _unfinished_tables(run: Run, batch_rows: int, budget: _Budget
+                       ) -> tuple[list[tuple[pa.Table, bytes]], dict[str, Any]]:
+    if run.finished:  # it was merged while being looked at
+        tables = list(_file_tables(run.parts[0], batch_rows, budget))
+        return tables, {"path": str(run.path), "state": "finished",
+                        "spans": sum(t.num_rows for t, _ in tables)}
+    tables = [item for part in run.parts for item in _file_tables(part, batch_rows, budget)]
+    records = torn = 0
+    for segment in run.logs:
+        try:
+            contents = read_log(segment)
+        except LogError as exc:
+            raise TraceFileError(segment, str(exc)) from None
+        budget.disk_bytes += segment.stat().st_size
+        fail = _file_fail(segment)
+        table = conform(contents.table, fail, extra_ok=True, check_rows=False)
+        budget.decoded(segment, table.nbytes)
+        raw = json.dumps(contents.metadata, sort_keys=True).encode()
+        tables.append((table, raw))
+        records += contents.records
+        torn += contents.torn_bytes
+    if not tables:  # an unfinished run with nothing written yet
+        tables.append((SPAN_SCHEMA.empty_table(), json.dumps(
+            {"schema_version": SCHEMA_VERSION}).encode()))
+    return tables, {"path": str(run.path), "state": "unfinished", "parts": len(run.parts),
+                    "log_segments": len(run.logs), "log_records": records,
+                    "torn_bytes": torn, "spans": sum(t.num_rows for t, _ in tables)}
+
+
+def _file_tables(file: Path, batch_rows: int, budget: _Budget
+                 ) -> Iterator[tuple[pa.Table, bytes]]:
+    source, raw = _open_checked(file)
+    budget.disk_bytes += file.stat().st_size
+    with source:
+        batches = source.iter_batches(batch_size=batch_rows, columns=list(COLUMNS))
+        offset = 0
+        while True:
+            try:
+                batch = next(batches, None)
+                if batch is not None:
+                    # Out-of-range dictionary indices or bad UTF-8 would otherwise reach
+                    # the analysis as IndexError (about 0.1 s per million rows).
+                    batch.validate(full=True)
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                raise TraceFileError(file, f"corrupt Parquet data ({exc})") from exc
+            if batch is None:
+                if offset == 0:
+                    yield SPAN_SCHEMA.empty_table(), raw
+                break
+            table = conform(pa.Table.from_batches([batch]), _file_fail(file, offset),
+                            extra_ok=True, check_rows=False)
+            budget.decoded(file, table.nbytes)
+            yield table, raw
+            offset += batch.num_rows
 
 
 def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
@@ -139,7 +196,12 @@ def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
 
     Returns:
         A table with exactly SPAN_SCHEMA whose schema metadata holds the run metadata under
-        METADATA_KEY (for a directory, that of its last part, the most recent).
+        METADATA_KEY (for a directory, that of its last part or log, the most recent). For a
+        directory or an unfinished run, the schema metadata's ``INPUTS_KEY`` says what was
+        read (:func:`ttft.collectors.reader.read_inputs`): a JSON list, per run
+        its ``path``, ``state`` (``finished``, or ``unfinished``: a writer still writing it
+        or killed), ``spans``, and for an unfinished run its ``parts``, ``log_segments``,
+        ``log_records`` and ``torn_bytes`` (a last record not yet whole, left out).
 
     Raises:
         TraceFileError: the path is missing, a file is not Parquet or is corrupt, lacks the
@@ -147,9 +209,13 @@ def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
             its data decodes beyond `MAX_DECOMPRESSED_BYTES` at more than
             `MAX_PARQUET_RATIO` times its size on disk (a compression bomb).
     """
-    read = list(_read_tables(path, batch_rows=65_536))
+    inputs: list[dict[str, Any]] = []
+    read = list(_read_tables(path, batch_rows=65_536, inputs=inputs))
     table = pa.concat_tables([table for table, _ in read])
-    return table.replace_schema_metadata({METADATA_KEY: read[-1][1]})
+    metadata = {METADATA_KEY: read[-1][1]}
+    if Path(path).is_dir() or not inputs[0]["state"] == "finished":
+        metadata[INPUTS_KEY] = json.dumps(inputs).encode()
+    return table.replace_schema_metadata(metadata)
 
 
 def iter_batches(path: str | os.PathLike[str], *, batch_rows: int = 65_536
@@ -166,7 +232,15 @@ def read_parquet_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         TraceFileError: as :func:`read_parquet`, for the file whose footer is read.
     """
-    source, raw = _open_checked(trace_files(path)[-1])
+    run = trace_runs(path)[-1]
+    if run.logs:
+        try:
+            return read_log(run.logs[-1]).metadata
+        except LogError as exc:
+            raise TraceFileError(run.logs[-1], str(exc)) from None
+    if not run.parts:
+        return {"schema_version": SCHEMA_VERSION}
+    source, raw = _open_checked(run.parts[-1])
     source.close()
     metadata: dict[str, Any] = json.loads(raw)
     return metadata

@@ -191,7 +191,7 @@ class _SeenSink:
         self.lock = threading.Lock()
 
     def __call__(self, table: pa.Table) -> None:
-        self.writer.append(table)
+        self.writer.append(table, durable=True)  # acknowledged only once on disk
         ids = pc.unique(table.column("trace_id")).to_pylist()
         with self.lock:
             self.rows += table.num_rows
@@ -253,7 +253,7 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
         notes = tuple(([] if fit.exact else [f"prompt lengths {lengths}"])
                       + ([f"model {model!r} not checked: {models['error']}"]
                          if "error" in models else []))
-        writer = TraceWriter(out, metadata=_run_metadata(spec, model, models, fit))
+        writer = TraceWriter(out, metadata=_run_metadata(spec, model, models, fit), log=True)
         sink = _SeenSink(writer)
         receivers: list[Any] = []
         try:

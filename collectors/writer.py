@@ -20,10 +20,13 @@ from ttft.collectors._files import (
     WRITE_OPTIONS,
     discard,
     fsync,
+    log_files,
     part_files,
     parts_dir,
+    uncovered_logs,
     write_atomic,
 )
+from ttft.collectors._log import LogSegment, encode_batch, encode_metadata, log_name, read_log
 from ttft.collectors._spans import to_span_table
 from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
@@ -64,23 +67,34 @@ class TraceWriter:
     since the last flush. :meth:`close` merges the parts into ``path`` (replacing any file
     there) unless ``merge_on_close`` is false. Every file carries the run metadata.
 
+    With ``log`` (a span log, :mod:`ttft.collectors._log`), each append is first written to
+    the log segment ``log-NNNNN.spans`` of the part its rows will go to, so a killed process
+    loses nothing appended (the page cache outlives it), and ``append(..., durable=True)``
+    returns only once the segment is fsynced: concurrent durable appends share one fsync
+    (group commit). A segment is removed once its part is written; readers read a segment
+    whose part is missing (:func:`ttft.collectors.read_spans`). Without a log, a durable
+    append writes a part itself before it returns.
+
     Threading: all methods may be called from any thread. :meth:`append` holds a lock only
     briefly, but writes the part on the calling thread when a flush is due.
 
-    Failure: a failed flush raises to its caller (the timer thread logs instead); the rows
-    it held are lost and counted in ``dropped_rows``. Parts already written stay on disk.
+    Failure: a failed flush raises to its caller (the timer thread logs instead). Without a
+    log, the rows it held are lost and counted in ``dropped_rows``; with one they stay in
+    their segment, which readers and the merge on :meth:`close` read. Parts already written
+    stay on disk. An append whose log write or fsync fails raises: its rows were not taken.
 
     Attributes:
         path: the merged trace file written by :meth:`close`.
         parts_dir: the directory of part files.
         rows_written: rows written to part files so far.
-        dropped_rows: rows lost to failed flushes.
+        dropped_rows: rows lost to failed flushes (always 0 with a log).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, metadata: Mapping[str, Any] | None = None,
                  flush_spans: int = 50_000, flush_interval_s: float | None = 5.0,
-                 merge_on_close: bool = True, initial_part: bool = False) -> None:
-        """Create the parts directory and start the timer thread.
+                 merge_on_close: bool = True, initial_part: bool = False,
+                 log: bool = False) -> None:
+        """Create the parts directory (and the first log segment) and start the timer thread.
 
         Args:
             path: the trace file to produce.
@@ -91,12 +105,14 @@ class TraceWriter:
             merge_on_close: merge the parts into ``path`` on close; else keep the directory.
             initial_part: write an empty part with the run metadata at once, so a process
                 killed before its first flush still leaves a readable (empty) trace.
+            log: keep a span log (see the class), which durable appends fsync.
 
         Raises:
             ValueError: a non-positive ``flush_spans`` or ``flush_interval_s``.
             TypeError: a metadata value that is not JSON-serializable.
-            FileExistsError: ``<path>.parts`` already holds parts (e.g. of a crashed run).
-            OSError: the parts directory cannot be created.
+            FileExistsError: ``<path>.parts`` already holds parts or logs (e.g. of a crashed
+                run).
+            OSError: the parts directory or the log cannot be created.
         """
         if flush_spans < 1:
             raise ValueError(f"flush_spans must be >= 1, got {flush_spans}")
@@ -109,20 +125,26 @@ class TraceWriter:
         self._flush_interval_ns = None if flush_interval_s is None else int(flush_interval_s * 1e9)
         self._metadata: dict[str, Any] = {}
         self._update_metadata(dict(metadata or {}))
-        if part_files(self.parts_dir):
+        if part_files(self.parts_dir) or log_files(self.parts_dir):
             raise FileExistsError(f"{self.parts_dir}: holds parts of another run; read or "
                                   "remove them first")
         self.parts_dir.mkdir(parents=True, exist_ok=True)
         if initial_part:
             write_atomic(self.parts_dir / "part-00000.parquet", SPAN_SCHEMA.empty_table(),
                          self._metadata_json())
-        self._lock = threading.Lock()  # guards the buffer, counters and metadata
+        self._lock = threading.Lock()  # guards the buffer, counters, metadata and segment
         self._io_lock = threading.Lock()  # serializes part writes and the merge
+        self._sync_lock = threading.Lock()  # one fsync at a time; segment rotation under it
         self._buffer: list[pa.Table] = []
         self._buffered_rows = 0
         self._oldest_ns: int | None = None  # monotonic time of the oldest buffered append
         self._next_part = 1 if initial_part else 0
         self._closed = False
+        self._appended = 0  # appends written to the log so far
+        self._synced = 0  # every append up to this one is fsynced
+        self._sync_failed: OSError | None = None  # a rotated segment whose fsync failed
+        self._segment = (LogSegment(self.parts_dir / log_name(self._next_part),
+                                    self._metadata_json()) if log else None)
         self.rows_written = 0
         self.dropped_rows = 0
         self._stop = threading.Event()
@@ -150,30 +172,46 @@ class TraceWriter:
                           sort_keys=True).encode()
 
     def set_metadata(self, **metadata: Any) -> None:
-        """Add or replace run metadata; later parts and the merged file carry it.
+        """Add or replace run metadata; later parts, the log and the merged file carry it.
 
         Raises:
             ValueError: the writer is closed.
             TypeError: a value that is not JSON-serializable.
+            OSError: the log cannot be written.
         """
         with self._lock:
             if self._closed:
                 raise ValueError(f"{self.path}: writer is closed")
             self._update_metadata(metadata)
+            if self._segment is not None:
+                self._segment.write(encode_metadata(self._metadata_json()))
 
-    def append(self, data: pa.Table | pa.RecordBatch | Iterable[Mapping[str, Any]]) -> None:
-        """Buffer spans (see :func:`to_span_table`); flush on this thread if one is due.
+    def append(self, data: pa.Table | pa.RecordBatch | Iterable[Mapping[str, Any]], *,
+               durable: bool = False) -> None:
+        """Buffer spans (see :func:`to_span_table`), writing them to the log if there is one;
+        flush on this thread if one is due.
+
+        Args:
+            data: the spans.
+            durable: return only once they are on disk: the log fsynced (shared with the
+                appends that arrived meanwhile), or, without a log, their part written.
 
         Raises:
             ValueError: the writer is closed, or the data does not fit the span schema.
-            OSError: a due flush failed.
+            OSError: the log write or fsync failed (the rows were not taken), or a due
+                flush failed.
         """
         table = to_span_table(data)
+        record = encode_batch(table) if self._segment is not None and table.num_rows else b""
         with self._lock:
             if self._closed:
                 raise ValueError(f"{self.path}: writer is closed")
             if table.num_rows == 0:
                 return
+            if self._segment is not None:
+                self._segment.write(record)
+            self._appended += 1
+            sequence = self._appended
             now_ns = time.monotonic_ns()
             self._buffer.append(table)
             self._buffered_rows += table.num_rows
@@ -183,8 +221,34 @@ class TraceWriter:
                 self._flush_interval_ns is not None
                 and now_ns - self._oldest_ns >= self._flush_interval_ns
             )
-        if due:
+            logged = self._segment is not None
+        if due or (durable and not logged):
             self.flush()
+        if durable and logged:
+            self._sync(sequence)
+
+    def sync(self) -> None:
+        """Make every append so far durable (nothing to do without a log).
+
+        Raises:
+            OSError: the fsync failed.
+        """
+        with self._lock:
+            sequence = self._appended
+        self._sync(sequence)
+
+    def _sync(self, sequence: int) -> None:
+        with self._sync_lock:
+            if self._sync_failed is not None:
+                raise OSError(f"{self.path}: the span log could not be made durable "
+                              f"({self._sync_failed})")
+            if self._synced >= sequence:
+                return  # an fsync that started after this append covered it
+            with self._lock:
+                segment, target = self._segment, self._appended
+            if segment is not None:
+                segment.sync()
+            self._synced = target
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Write the buffered rows as one part file now (nothing if none are buffered).
@@ -203,23 +267,58 @@ class TraceWriter:
             self._io_lock.release()
         return True
 
-    def _flush_locked(self) -> None:
-        with self._lock:
+    def _rotate(self, last: bool) -> tuple[list[pa.Table], int, int, bytes, LogSegment | None]:
+        """Take the buffer and, with a log, start the next part's segment (none if ``last``);
+        the segment that held the buffer is fsynced and closed. Holds the sync lock."""
+        with self._sync_lock, self._lock:
+            index = self._next_part
+            old = self._segment
             if not self._buffer:
-                return
+                if not last or old is None:
+                    return [], 0, index, b"", None
+                self._segment = None  # closing with nothing buffered: the segment is empty
+                old.close()
+                old.path.unlink(missing_ok=True)
+                return [], 0, index, b"", None
+            metadata_json = self._metadata_json()
+            if old is not None and not last:  # may raise: then nothing has changed
+                self._segment = LogSegment(self.parts_dir / log_name(index + 1), metadata_json)
+            elif old is not None:
+                self._segment = None
             tables, self._buffer = self._buffer, []
             rows, self._buffered_rows, self._oldest_ns = self._buffered_rows, 0, None
-            index, self._next_part = self._next_part, self._next_part + 1
-            metadata_json = self._metadata_json()
+            self._next_part = index + 1
+            rotated_at = self._appended
+            if old is not None:
+                try:
+                    old.sync()
+                except OSError as exc:
+                    self._sync_failed = exc
+                    raise
+                finally:
+                    old.close()
+                self._synced = max(self._synced, rotated_at)
+        return tables, rows, index, metadata_json, old
+
+    def _flush_locked(self, last: bool = False) -> None:
+        tables, rows, index, metadata_json, segment = self._rotate(last)
+        if not tables:
+            return
         try:
             table = pa.concat_tables(tables)
             write_atomic(self.parts_dir / f"part-{index:05d}.parquet", table, metadata_json)
         except BaseException:
-            with self._lock:
-                self.dropped_rows += rows
+            if segment is None:  # with a log the rows stay in their segment, still read
+                with self._lock:
+                    self.dropped_rows += rows
             raise
         with self._lock:
             self.rows_written += rows
+        if segment is not None:
+            try:
+                segment.path.unlink()
+            except OSError:  # readers skip a segment whose part exists
+                logger.warning("%s: could not remove %s", self.path, segment.path)
 
     def _run_timer(self) -> None:
         interval_ns = self._flush_interval_ns
@@ -241,8 +340,9 @@ class TraceWriter:
         """Flush, stop the timer and, if ``merge_on_close``, merge the parts into ``path``.
 
         Idempotent. A writer that never got a row still leaves a valid, empty trace. The
-        merge streams the parts row group by row group into a temporary file that is then
-        renamed to ``path``; the parts directory is removed only after that succeeded.
+        merge streams the parts (and any log segment whose part could not be written) row
+        group by row group into a temporary file that is then renamed to ``path``; the parts
+        directory is removed only after that succeeded.
         """
         with self._lock:
             if self._closed:
@@ -252,8 +352,8 @@ class TraceWriter:
         if self._timer is not None and self._timer is not threading.current_thread():
             self._timer.join()
         with self._io_lock:
-            self._flush_locked()
-            if not part_files(self.parts_dir):
+            self._flush_locked(last=True)
+            if not part_files(self.parts_dir) and not log_files(self.parts_dir):
                 part = self.parts_dir / f"part-{self._next_part:05d}.parquet"
                 write_atomic(part, SPAN_SCHEMA.empty_table(), self._metadata_json())
             if self.merge_on_close:
@@ -269,6 +369,9 @@ class TraceWriter:
                         for group in range(source.num_row_groups):
                             table = source.read_row_group(group)
                             sink.write_table(table.replace_schema_metadata(None))
+                for _, segment in uncovered_logs(self.parts_dir):  # parts that failed
+                    rows = to_span_table(read_log(segment).table)
+                    sink.write_table(rows.replace_schema_metadata(None))
             fsync(tmp)
             os.replace(tmp, self.path)
         except BaseException:

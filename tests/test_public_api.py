@@ -62,6 +62,7 @@ EXPORTED: dict[str, list[str]] = {
         "guess_format",
         "join_traces",
         "load_mapping",
+        "read_inputs",
         "read_spans",
         "run_metadata",
         "span_rows",

@@ -18,6 +18,10 @@ SCHEMA_VERSION: Final[int] = 1
 METADATA_KEY: Final[bytes] = b"ttft"
 """Parquet key-value metadata key holding the run metadata (a JSON object)."""
 
+INPUTS_KEY: Final[bytes] = b"ttft.inputs"
+"""Schema metadata key of a table read from several runs or an unfinished one: what was read
+(a JSON list; see ``ttft.collectors.read_inputs``). Never written to a file."""
+
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
 SPAN_SCHEMA: Final[pa.Schema] = pa.schema(

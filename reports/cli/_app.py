@@ -68,7 +68,7 @@ def load_trace(
     Raises:
         typer.Exit: code 2 after printing what was wrong with the file or the mapping.
     """
-    from ttft.collectors import TraceFileError, read_spans, run_metadata
+    from ttft.collectors import TraceFileError, read_inputs, read_spans, run_metadata
 
     try:
         with progress(f"reading {path}"):
@@ -77,7 +77,36 @@ def load_trace(
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"{exc.filename or path}: {exc.strerror or exc}") from None
+    inputs = read_inputs(table)
+    if inputs is not None:
+        err.print(plain(describe_inputs(path, inputs)), soft_wrap=True)
     return table, run_metadata(table)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def describe_inputs(path: Path, inputs: list[dict[str, Any]]) -> str:
+    """The line saying what a read of a directory or an unfinished run read, e.g. ``read
+    DIR: 2 runs, 250 spans: a.parquet (finished, 50 spans); b.parquet.parts (unfinished:
+    1 part, 1 log segment, 200 spans)``."""
+    described = []
+    for run in inputs:
+        name = Path(run["path"]).name
+        if run["state"] == "finished":
+            described.append(f"{name} (finished, {_count(run['spans'], 'span')})")
+            continue
+        detail = [_count(run["parts"], "part"), _count(run["log_segments"], "log segment"),
+                  _count(run["spans"], "span")]
+        if run["torn_bytes"]:
+            detail.append(f"an incomplete last log record of {run['torn_bytes']:,} bytes "
+                          "left out (being written, or cut by a kill: never acknowledged)")
+        described.append(f"{name} (unfinished, still being written or its writer was "
+                         f"stopped: {', '.join(detail)})")
+    total = sum(run["spans"] for run in inputs)
+    return (f"read {path}: {_count(len(inputs), 'run')}, {_count(total, 'span')}: "
+            + "; ".join(described))
 
 
 def regime_of(

@@ -71,7 +71,7 @@ def collect(
         raise fail(f"{out}: not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        writer = TraceWriter(_trace_path(out))
+        writer = TraceWriter(_trace_path(out), log=True)
     except OSError as exc:
         raise fail(f"{out}: cannot write a trace there ({exc.strerror or exc})") from None
     collector = Collector(writer, host=host, http_port=None if no_http else http_port,

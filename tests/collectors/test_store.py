@@ -292,7 +292,9 @@ def test_read_trace_empty_directory_names_it(tmp_path):
     (tmp_path / "parts" / ".part-00000.parquet.tmp").write_bytes(b"")
     with pytest.raises(TraceFileError) as excinfo:
         read_spans(tmp_path / "parts")
-    assert str(excinfo.value) == f"{tmp_path / 'parts'}: directory holds no Parquet part files"
+    assert str(excinfo.value) == (
+            f"{tmp_path / 'parts'}: directory holds no ttft trace (no .parquet files, no "
+            "<name>.parts directories of unfinished runs)")
 
 
 def test_set_metadata_rejects_values_json_cannot_hold(tmp_path):

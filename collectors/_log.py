@@ -1,0 +1,184 @@
+"""A trace writer's span log: the rows appended since its last part, on disk before they are
+acknowledged (DESIGN.md, "The span record"; README, "Reliability and security").
+
+A log segment ``log-NNNNN.spans`` lives in a writer's parts directory and holds exactly the
+rows that part ``part-NNNNN.parquet`` will hold once written; a segment whose part exists is
+therefore already read through the part, and readers skip it. A segment is a header and a
+sequence of records, each framed so that a torn tail (the process was killed mid-write) is
+recognised and left out rather than misread::
+
+    header:  b"TTFTLOG1" · u32 length · u32 crc32 · JSON {"schema_version", "metadata"}
+    record:  u32 length · u32 crc32 · u8 kind · payload     (crc32 over kind and payload)
+             kind 0: an Arrow IPC record batch of the span columns, dictionaries as strings
+             kind 1: the run metadata as JSON (replaces the header's)
+
+Integers are little-endian. A record is appended with one ``write``; a record is durable
+once the segment is fsynced (:meth:`LogSegment.sync`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ttft.tracer.schema import SPAN_SCHEMA
+
+MAGIC = b"TTFTLOG1"
+LOG_SUFFIX = ".spans"
+_HEADER = struct.Struct("<II")  # length, crc32
+_RECORD = struct.Struct("<IIB")  # length of payload, crc32 of kind + payload, kind
+_BATCH, _METADATA = 0, 1
+_LOG_RE = re.compile(r"^log-(\d+)\.spans$")
+
+LOG_SCHEMA = pa.schema([
+    pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type, f.nullable)
+    for f in SPAN_SCHEMA
+])
+"""The span schema with its dictionary columns as plain strings: a record batch then
+serializes on its own, without the dictionary batches an IPC stream would need."""
+
+
+def log_name(index: int) -> str:
+    """The name of the segment whose rows part ``index`` will hold."""
+    return f"log-{index:05d}{LOG_SUFFIX}"
+
+
+def log_index(name: str) -> int | None:
+    """The part index of a segment's file name, or None if it is not a segment."""
+    match = _LOG_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def _crc(*chunks: bytes) -> int:
+    crc = 0
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def encode_batch(table: pa.Table) -> bytes:
+    """One record of a span table (already of ``SPAN_SCHEMA``), ready to append."""
+    plain = table.cast(LOG_SCHEMA).combine_chunks().replace_schema_metadata(None)
+    batches = plain.to_batches()
+    batch = batches[0] if len(batches) == 1 else pa.RecordBatch.from_pylist([], LOG_SCHEMA)
+    payload = batch.serialize().to_pybytes()
+    kind = bytes([_BATCH])
+    return _RECORD.pack(len(payload), _crc(kind, payload), _BATCH) + payload
+
+
+def encode_metadata(metadata_json: bytes) -> bytes:
+    kind = bytes([_METADATA])
+    return _RECORD.pack(len(metadata_json), _crc(kind, metadata_json), _METADATA) + metadata_json
+
+
+class LogSegment:
+    """One segment open for appending. Not thread-safe: the writer serializes calls."""
+
+    def __init__(self, path: Path, metadata_json: bytes) -> None:
+        """Create the segment with its header, and make its directory entry durable.
+
+        Raises:
+            OSError: it cannot be created (e.g. it exists: another writer's).
+        """
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            header = json.dumps({"metadata": json.loads(metadata_json)}).encode()
+            self.write(MAGIC + _HEADER.pack(len(header), _crc(header)) + header)
+            os.fsync(self._fd)
+            _fsync_dir(path.parent)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` (in the page cache: it survives a killed process, not a power cut
+        until :meth:`sync`)."""
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+
+    def sync(self) -> None:
+        """Make everything written so far durable."""
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class LogContents:
+    """What a segment held: its rows (``SPAN_SCHEMA``), the run metadata last written, the
+    records read and the bytes after the last whole record (a tail torn by a kill, or one
+    being written right now)."""
+
+    table: pa.Table
+    metadata: dict[str, Any]
+    records: int
+    torn_bytes: int
+
+
+class LogError(ValueError):
+    """A segment that is not one (bad magic or header): the message says why."""
+
+
+def read_log(path: Path) -> LogContents:
+    """Read every whole record of a segment, stopping at the first that is incomplete or
+    fails its checksum (nothing after a torn record is trusted).
+
+    Raises:
+        LogError: the file is not a span log, or its header is torn or corrupt.
+        FileNotFoundError: it vanished (its part was just written and it was removed).
+    """
+    data = path.read_bytes()
+    if not data.startswith(MAGIC):
+        raise LogError("not a ttft span log (bad magic)")
+    at = len(MAGIC)
+    if len(data) < at + _HEADER.size:
+        raise LogError("span log header is torn")
+    length, crc = _HEADER.unpack_from(data, at)
+    at += _HEADER.size
+    header = data[at:at + length]
+    if len(header) != length or _crc(header) != crc:
+        raise LogError("span log header is torn or corrupt")
+    try:
+        metadata = json.loads(header)["metadata"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LogError(f"span log header is not valid JSON ({exc})") from exc
+    at += length
+    batches: list[pa.RecordBatch] = []
+    records = 0
+    view = memoryview(data)
+    while at + _RECORD.size <= len(data):
+        length, crc, kind = _RECORD.unpack_from(data, at)
+        start = at + _RECORD.size
+        payload = view[start:start + length]
+        if len(payload) != length or _crc(bytes([kind]), payload) != crc:
+            break
+        if kind == _BATCH:
+            batches.append(pa.ipc.read_record_batch(pa.py_buffer(payload), LOG_SCHEMA))
+        elif kind == _METADATA:
+            metadata = json.loads(bytes(payload))
+        else:
+            break  # a kind this version does not know: written by a newer ttft
+        records += 1
+        at = start + length
+    table = pa.Table.from_batches(batches, LOG_SCHEMA) if batches else LOG_SCHEMA.empty_table()
+    return LogContents(table, metadata, records, len(data) - at)
