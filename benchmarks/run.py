@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "client_accuracy": ([], ["--requests", "300", "--rates", "200"]),
     "prefill": ([], ["--lengths", "256", "1024", "--chunks", "256", "--repeats", "2"]),
     "storage": ([], ["--requests", "5000"]),
+    "receiver": ([], ["--spans", "16384", "--rounds", "3"]),
 }
 
 

@@ -45,8 +45,10 @@ __all__ = ["LISTEN_BACKLOG", "MAX_BODY_BYTES", "MAX_CONNECTIONS", "REQUEST_DEADL
 logger = logging.getLogger(__name__)
 
 TRACES_PATH = "/v1/traces"
-MAX_BODY_BYTES = 32 << 20
-"""Largest accepted body, after gzip decoding; a larger one is answered 413."""
+MAX_BODY_BYTES = 64 << 20
+"""Largest accepted body, after gzip decoding; a larger one is answered 413. A million
+small spans fit; a request is converted in chunks (:mod:`ttft.collectors._otlp_chunks`), so
+its memory beyond the body itself does not grow with it."""
 LISTEN_BACKLOG = 1024
 """Connections the kernel queues before they are accepted (``listen``'s backlog)."""
 MAX_CONNECTIONS = 512

@@ -452,7 +452,7 @@ def test_collect_cli_binds_loopback_and_requires_the_token(tmp_path):
 
 
 def test_http_receiver_rejects_oversized_bodies_before_reading_them():
-    assert OTLPReceiver(print, port=0).max_body_bytes == MAX_BODY_BYTES == 32 << 20
+    assert OTLPReceiver(print, port=0).max_body_bytes == MAX_BODY_BYTES == 64 << 20
     collector = Collector(print, http_port=0, grpc_port=0)
     assert collector.http.max_body_bytes == collector.grpc.max_message_bytes == MAX_BODY_BYTES
     tables: list[pa.Table] = []

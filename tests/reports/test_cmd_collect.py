@@ -3,16 +3,12 @@ OTLP/gRPC, stopped by a signal; its errors, in-process."""
 
 from __future__ import annotations
 
-import queue
-import re
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
+from _collect import CollectProcess
 from _live import Collect
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
     OTLPSpanExporter as GrpcSpanExporter,
@@ -44,42 +40,14 @@ def finished_spans(names: list[str]) -> list:
     return collect.spans
 
 
-def next_line(lines: queue.Queue, pattern: str, deadline_s: float) -> re.Match:
-    """The first line from the process matching ``pattern``, within the deadline."""
-    seen = []
-    while True:
-        try:
-            line = lines.get(timeout=max(0.0, deadline_s - time.monotonic()))
-        except queue.Empty:
-            raise AssertionError(f"no line matching {pattern!r}; got {seen}") from None
-        assert line is not None, f"process ended without {pattern!r}; got {seen}"
-        match = re.search(pattern, line)
-        if match:
-            return match
-        seen.append(line)
-
-
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
 def test_collect_end_to_end_over_http_and_grpc(tmp_path, stop_signal):
     out = tmp_path / "spans"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ttft.reports.cli", "collect", "--http-port", "0",
-         "--grpc-port", "0", "--token", "t0k", "-o", str(out), "--duration", "60"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    lines: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in process.stderr:
-            lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
+    collect = CollectProcess(out, "--token", "t0k", "--duration", "60")
+    process = collect.process
     try:
         deadline_s = time.monotonic() + TIMEOUT_S
-        http_url = next_line(lines, r"OTLP/HTTP listening on (\S+)$", deadline_s).group(1)
-        grpc_url = next_line(lines, r"OTLP/gRPC listening on (\S+)$", deadline_s).group(1)
-        trace = next_line(lines, r"writing spans to (\S+) \(Ctrl-C", deadline_s).group(1)
+        http_url, grpc_url, trace = collect.http_url, collect.grpc_url, str(collect.trace)
         auth = {"authorization": "Bearer t0k"}
         exporters = [
             HttpSpanExporter(endpoint=http_url, headers=auth, timeout=5),
@@ -95,12 +63,9 @@ def test_collect_end_to_end_over_http_and_grpc(tmp_path, stop_signal):
             exporter.shutdown()
         process.send_signal(stop_signal)
         assert process.wait(timeout=TIMEOUT_S) == 0
-        summary = next_line(lines, r"^collected ", deadline_s).string
+        summary = collect.next_line(r"^collected ", deadline_s).string
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=TIMEOUT_S)
-        process.stderr.close()
+        collect.kill()
     assert results == [SpanExportResult.SUCCESS, SpanExportResult.SUCCESS,
                        SpanExportResult.FAILURE]
     assert summary == (f"collected 5 spans from 3 requests (1 requests rejected, "
