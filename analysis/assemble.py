@@ -12,30 +12,27 @@ Everything is vectorized over requests (see ``_buckets``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ttft.analysis import _columns as col
 from ttft.analysis import clocks
 from ttft.analysis._conditions import conditions, max_cached
+from ttft.analysis._grouping import decode, group
 from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._trees import CODE, MAX_NS, NONE_NS, Spans, resolve_trees
 from ttft.analysis.quality import Quality, rejected_spans
 from ttft.tracer.schema import (
     ATTR_STEP_ID,
-    BOUNDARY_EVENTS,
     BOUNDARY_NAMES,
-    CLIENT_CLOCK,
     EV_FIRST_BYTE,
     EV_FIRST_SAMPLED,
     EV_FIRST_TOKEN,
-    EV_TOKEN,
     OUTCOME_OK,
-    REQUEST_STAGES,
     STAGE_NAMES,
 )
 
@@ -136,66 +133,42 @@ def _examples(values: list[str], codes: np.ndarray) -> list[str]:
     return [values[int(c)] for c in codes[:3] if c >= 0]
 
 
-def assemble(table: pa.Table) -> Assembly:
-    """Group a span table (``tracer.schema.SPAN_SCHEMA``) into requests."""
+def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = None,
+             borrowed: np.ndarray | None = None) -> Assembly:
+    """Group a span table (``tracer.schema.SPAN_SCHEMA``) into requests.
+
+    Args:
+        table: the spans.
+        offsets: the clock offsets to apply, estimated over more requests than this table
+            holds (one partition of a dataset: ``clocks.offsets_from_bounds``); None to
+            estimate them here.
+        borrowed: per row, whether it is a copy whose original another partition holds
+            (its row defects are counted there, not here); None for none.
+    """
     quality = Quality()
     quality.add("rejected_span", *rejected_spans(table))
-    n = table.num_rows
-    trace, trace_values = col.codes(table.column("trace_id"))
-    start = col.int64(table.column("start_ns"))
-    end = col.int64(table.column("end_ns"))
-    stage_raw, stage_values = col.codes(table.column("stage"))
-    lut = np.array([CODE.get(v, CODE["other"]) for v in stage_values] + [CODE["other"]])
-    stage = lut[stage_raw].astype(np.int8)
-    clock_raw, clock_values = col.codes(table.column("clock"))
-    is_client = np.isin(clock_raw, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK])
-
-    present = (trace >= 0) & ~_nulls(table, "start_ns") & ~_nulls(table, "end_ns")
-    present &= clocks.in_range(start) & clocks.in_range(end)
+    d = decode(table)
+    trace, trace_values, start, end, stage = d.trace, d.trace_values, d.start, d.end, d.stage
+    clock_raw, clock_values, is_client, valid = d.clock_raw, d.clock_values, d.is_client, d.valid
+    ev_rows, ev_name, ev_values, kind = d.ev_rows, d.ev_name, d.ev_values, d.kind
+    counted = np.ones(table.num_rows, bool) if borrowed is None else ~borrowed
+    missing = counted & ~d.present
     quality.add(
-        "missing_field", int((~present).sum()), [f"row {i}" for i in np.flatnonzero(~present)[:3]]
+        "missing_field", int(missing.sum()), [f"row {i}" for i in np.flatnonzero(missing)[:3]]
     )
-    backwards = present & (end < start)
+    backwards = counted & d.backwards
     quality.add("end_before_start", int(backwards.sum()), _examples(trace_values, trace[backwards]))
-    valid = present & ~backwards
-
-    # Event names, only for event rows.
     is_event = valid & (stage == CODE["event"])
-    ev_rows = np.flatnonzero(is_event)
-    ev_name, ev_values = col.codes(col.take(table.column("name"), ev_rows))
-    ev_kind = np.full(len(ev_values) + 1, -1, np.int8)
-    for i, v in enumerate(ev_values):
-        if v in (EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED, EV_TOKEN):
-            ev_kind[i] = (EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED, EV_TOKEN).index(v)
-    kind = ev_kind[ev_name]  # -1 → last entry, also -1
 
-    # Which traces are requests, and which traces are one request.
-    n_traces = len(trace_values)
-    request_stage = np.isin(stage, [CODE[s] for s in REQUEST_STAGES])
-    marks = valid & request_stage
-    boundary_event = np.zeros(n, bool)
-    boundary_event[ev_rows] = (kind >= 0) & (kind < len(BOUNDARY_EVENTS))
-    trace_is_req = np.zeros(n_traces, bool)
-    trace_is_req[trace[marks | boundary_event]] = True
-    rid, rid_values = col.codes(table.column("request_id"))
-    with_rid = valid & (rid >= 0) & trace_is_req[np.maximum(trace, 0)]
-    # A trace holding several request ids joins by the smallest; a request of several
-    # traces is named by the smallest trace id: never by row order.
-    rid_of_trace = col.smallest_by_value(trace[with_rid], rid[with_rid], rid_values, n_traces)
-    req_traces = np.flatnonzero(trace_is_req)
-    key = np.where(rid_of_trace >= 0, rid_of_trace, len(rid_values) + np.arange(n_traces))
-    uniq, inv = np.unique(key[req_traces], return_inverse=True)
-    n_req = len(uniq)
-    req_of_trace = np.full(n_traces, -1, np.int64)
-    req_of_trace[req_traces] = inv
-    first_trace = col.smallest_by_value(inv, req_traces, trace_values, n_req)
-    row_req = np.where(valid, req_of_trace[np.maximum(trace, 0)], -1)
+    g = group(table, d)
+    row_req, n_req, uniq, first_trace = g.row_req, g.n_req, g.uniq, g.first_trace
+    rid_values = g.rid_values
 
     # Server clocks onto the client clock, before any time is compared across them.
     clock_kind = clocks.row_kinds(
         is_client, stage == CODE["client"], stage == CODE["server"], ev_rows, ev_name, ev_values
     )
-    quality.clocks = clocks.estimate(
+    quality.clocks = list(offsets) if offsets is not None else clocks.estimate(
         row_req, n_req, clock_kind, start, end, clock_raw, clock_values
     )
     service, service_values = col.codes(table.column("service"))
@@ -279,13 +252,6 @@ def assemble(table: pa.Table) -> Assembly:
         table, row_req, stage, start, end, valid, service, service_values, clock_raw, clock_values
     )
     return Assembly(requests, spans, token_req, token_ns, quality, rows)
-
-
-def _nulls(table: pa.Table, name: str) -> np.ndarray:
-    column = table.column(name)
-    if column.null_count == 0:
-        return np.zeros(table.num_rows, bool)
-    return np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _join_gpu(

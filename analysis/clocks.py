@@ -143,6 +143,36 @@ def estimate(
         kind: `row_kinds` of each row.
         start_ns, end_ns, clock: the rows' times and clock codes into ``clock_values``.
     """
+    return offsets_from_bounds([bounds(req, n_req, kind, start_ns, end_ns, clock, clock_values)])
+
+
+Bounds = dict[str, tuple[np.ndarray, np.ndarray]]
+"""Per server clock, each request's bounds ``(lo, hi)`` on its offset: what `estimate`
+needs from a set of requests, so that parts of a trace (a dataset's partitions, each
+holding whole requests) are estimated together exactly as the whole would be."""
+
+
+def offsets_from_bounds(parts: Sequence[Bounds]) -> list[ClockOffset]:
+    """The offsets of every pair over the requests of all ``parts``, sorted by server clock."""
+    names = sorted({name for part in parts for name in part})
+    out = []
+    for name in names:
+        lo = np.concatenate([part[name][0] for part in parts if name in part])
+        hi = np.concatenate([part[name][1] for part in parts if name in part])
+        out.append(_pair(name, lo, hi))
+    return out
+
+
+def bounds(
+    req: np.ndarray,
+    n_req: int,
+    kind: np.ndarray,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    clock: np.ndarray,
+    clock_values: Sequence[str],
+) -> Bounds:
+    """The `Bounds` of the requests of decoded columns (arguments as `estimate`)."""
     use = (req >= 0) & (kind != K_NONE)
     rows = np.flatnonzero(use)
     r, k, t0, t1 = req[rows], kind[rows], start_ns[rows], end_ns[rows]
@@ -160,11 +190,11 @@ def estimate(
     lo = (c0 - server0)[ok]
     hi = (c1 - s1)[ok]
     clocks = s_clock[ok]
-    out = []
+    out: Bounds = {}
     for code in np.unique(clocks):
         mine = clocks == code
-        out.append(_pair(str(clock_values[code]), lo[mine], hi[mine]))
-    return sorted(out, key=lambda o: o.server_clock)
+        out[str(clock_values[code])] = (lo[mine], hi[mine])
+    return out
 
 
 def _pair(server_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:

@@ -13,6 +13,8 @@ token is the first ``first_reasoning`` event (a chunk with ``reasoning_content``
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow.compute as pc
 
@@ -34,7 +36,7 @@ def _ms(ns: np.ndarray) -> dict[str, float] | None:
     ms = np.asarray(ns, dtype=np.float64) / _NS_PER_MS
     out = {f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES),
                                               strict=True)}
-    out["mean"] = float(ms.mean())
+    out["mean"] = math.fsum(ms) / len(ms)  # exactly rounded: the same in any order
     out["requests"] = int(len(ms))
     return out
 
@@ -48,6 +50,18 @@ def decode_latency(asm: Assembly, requests: np.ndarray) -> dict[str, dict | None
         requests, or gaps for ``chunk_gap_ms``, the figure is over), or None where no
         request has what it needs.
     """
+    return summarize_values(decode_values(asm, requests))
+
+
+def summarize_values(values: dict[str, np.ndarray]) -> dict[str, dict | None]:
+    """`decode_latency` from `decode_values` (of one assembly, or concatenated over the
+    partitions of a dataset: every figure is the same in any order of the values)."""
+    return {key: _ms(values[key]) for key in KEYS}
+
+
+def decode_values(asm: Assembly, requests: np.ndarray) -> dict[str, np.ndarray]:
+    """The values `decode_latency` summarizes, in ns: per request (ITL, TPOT, time to
+    second and to first reasoning token) or per gap (``chunk_gap_ms``), keyed by `KEYS`."""
     n_req = len(asm.requests)
     chosen = np.zeros(n_req, bool)
     chosen[np.asarray(requests, dtype=np.int64)] = True
@@ -78,11 +92,11 @@ def decode_latency(asm: Assembly, requests: np.ndarray) -> dict[str, dict | None
     reasoning = _first_reasoning(asm, chosen)
     has_reasoning = np.flatnonzero((reasoning != NONE_NS) & (a != NONE_NS))
     return {
-        "itl_ms": _ms(span / (counts[many] - 1)),
-        "tpot_ms": _ms(span / (tokens - 1)),
-        "chunk_gap_ms": _ms(gaps),
-        "ttst_ms": _ms(second[has_second] - a[has_second]),
-        "ttfrt_ms": _ms(reasoning[has_reasoning] - a[has_reasoning]),
+        "itl_ms": span / (counts[many] - 1),
+        "tpot_ms": span / (tokens - 1),
+        "chunk_gap_ms": gaps,
+        "ttst_ms": second[has_second] - a[has_second],
+        "ttfrt_ms": reasoning[has_reasoning] - a[has_reasoning],
     }
 
 

@@ -17,12 +17,19 @@ import pandas as pd
 
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.decode import decode_latency
+from ttft.analysis.decode import decode_values, summarize_values
 from ttft.analysis.quality import EXAMPLES_KEPT
 from ttft.tracer.schema import CONDITIONS, OUTCOMES, SCHEMA_VERSION
 
 _NS_PER_MS = 1e6
 PERCENTILES = (50, 90, 99)
+
+
+def _mean_ms(ns: np.ndarray, axis: int | None = None) -> np.ndarray | float:
+    """The mean in ms of int64 ns from their exact integer sum: the same whatever the order
+    of the values (a float sum is not), so a dataset analysed in partitions gives the very
+    figures of one process."""
+    return np.asarray(ns, dtype=np.int64).sum(axis=axis) / len(ns) / _NS_PER_MS
 
 
 def _ms(values: np.ndarray) -> dict[str, float]:
@@ -31,7 +38,7 @@ def _ms(values: np.ndarray) -> dict[str, float]:
     out = {
         f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES), strict=True)
     }
-    out["mean"] = float(ms.mean())
+    out["mean"] = float(_mean_ms(values))
     return out
 
 
@@ -64,9 +71,9 @@ def stage_table(attr: Attribution, rows: np.ndarray | None = None) -> pd.DataFra
         index=names,
         columns=["p50", "p90", "p99"],
     )
-    table["mean"] = ms.mean(axis=0)
+    table["mean"] = _mean_ms(att, axis=0)
     table["share"] = att.sum(axis=0) / total if total > 0 else 0.0
-    table["raw_mean"] = raw.mean(axis=0) / _NS_PER_MS
+    table["raw_mean"] = _mean_ms(raw, axis=0)
     # From integer sums, so a stage without overlap shows exactly 0.
     table["overlap_mean"] = (raw.sum(axis=0) - att.sum(axis=0)) / len(ttft) / _NS_PER_MS
     table.index.name = "stage"
@@ -81,14 +88,14 @@ def tail_mix(attr: Attribution) -> pd.DataFrame:
     if len(ttft) == 0:
         return pd.DataFrame(columns=["tail_mean", "median_mean"], dtype=float)
     p40, p50, p60, p99 = np.percentile(ttft, [40, 50, 60, 99])
-    att = attr.attributed.to_numpy() / _NS_PER_MS
-    used = (attr.attributed.to_numpy() > 0).any(axis=0)
-    tail = att[ttft >= p99][:, used].mean(axis=0)
+    att = attr.attributed.to_numpy()
+    used = (att > 0).any(axis=0)
+    tail = _mean_ms(att[ttft >= p99][:, used], axis=0)
     band = (ttft >= p40) & (ttft <= p60)
     if not band.any():
         distance = np.abs(ttft - p50)
         band = distance == distance.min()
-    middle = att[band][:, used].mean(axis=0)
+    middle = _mean_ms(att[band][:, used], axis=0)
     names = np.asarray(attr.attributed.columns)[used]
     return pd.DataFrame({"tail_mean": tail, "median_mean": middle}, index=names)
 
@@ -170,16 +177,27 @@ class Summary:
 
 
 def summarize(
-    attr: Attribution, asm: Assembly, *, trace: str = "", schema_version: int = SCHEMA_VERSION
+    attr: Attribution,
+    asm: Assembly | None,
+    *,
+    trace: str = "",
+    schema_version: int = SCHEMA_VERSION,
+    decode: dict[str, np.ndarray] | None = None,
 ) -> Summary:
     """Summarize an attribution (see `Summary`).
 
     Args:
         attr: the attribution to summarize.
-        asm: the assembly it came from (token events for inter-token latency).
+        asm: the assembly it came from (token events for inter-token latency); None with
+            ``decode``.
         trace: the trace's path, echoed back.
         schema_version: the trace file's schema version.
+        decode: `decode_values` already taken (over a dataset's partitions), instead of
+            from ``asm``.
     """
+    if decode is None:
+        assert asm is not None, "summarize needs an assembly or its decode values"
+        decode = decode_values(asm, attr.requests["request"].to_numpy())
     ttft = attr.requests["ttft_ns"].to_numpy()
     conditions = attr.requests["condition"].to_numpy()
     failed = attr.failed
@@ -209,7 +227,7 @@ def summarize(
         ttft_ms=_ms(ttft) if len(ttft) else empty,
         stages=_stages_dict(stage_table(attr)),
         conditions=by_condition,
-        **decode_latency(asm, attr.requests["request"].to_numpy()),
+        **summarize_values(decode),
         tail=_stages_dict(tail_mix(attr)),
         quality=dict(attr.quality.counts),
         clocks=clocks if disagree else None,
@@ -223,8 +241,8 @@ def _failure_counts(failed: pd.DataFrame) -> dict[str, int]:
 
 def _failure_examples(failed: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    for kind in _failure_counts(failed):
-        rows = failed[failed["outcome"] == kind].head(EXAMPLES_KEPT)
+    for kind in _failure_counts(failed):  # the smallest trace ids: never by row order
+        rows = failed[failed["outcome"] == kind].sort_values("trace_id").head(EXAMPLES_KEPT)
         out[kind] = [
             {
                 "trace_id": str(r.trace_id),

@@ -24,6 +24,7 @@ from typing import IO, Any
 import pyarrow as pa
 
 from ttft.collectors._files import parts_dir
+from ttft.collectors.dataset import DATASET_FILE, is_dataset, is_url, read_dataset
 from ttft.collectors.errors import TraceFileError
 from ttft.collectors.importers import IMPORTERS
 from ttft.collectors.importers._base import MAX_DECOMPRESSED_BYTES, head
@@ -54,6 +55,11 @@ def guess_format(path: str | os.PathLike[str]) -> str:
         TraceFileError: the path does not exist, or no importer recognises it (a
             zstd-compressed file is named as such: no importer decompresses zstd).
     """
+    if is_url(path):
+        if not is_dataset(path):
+            raise TraceFileError(path, "not a partitioned dataset; ttft reads a URL only as "
+                                       f"a dataset (a directory holding {DATASET_FILE})")
+        return "ttft"
     path = Path(path)
     if not _exists(path):
         raise TraceFileError(path, "does not exist")
@@ -87,7 +93,9 @@ def read_spans(
 
     Args:
         path: a trace file, or a directory of ttft part files (also the ``<path>.parts``
-            directory a writer that did not close left behind); ``-`` for standard input,
+            directory a writer that did not close left behind), or a partitioned dataset
+            (``ttft.collectors.dataset``: every partition's own rows; also at a URL such as
+            ``s3://``, through fsspec); ``-`` for standard input,
             or a FIFO. A stream is read once, to its end (at most
             `MAX_DECOMPRESSED_BYTES`; a FIFO waits `FIFO_WAIT_S` for a writer), into a
             temporary file whose first bytes pick the format; errors and the ``source``
@@ -109,6 +117,10 @@ def read_spans(
             the file, the rule and the field).
     """
     rules = _mapping(mapping)
+    if is_url(path):  # a URL is read as a partitioned dataset, through fsspec
+        if format not in (None, "ttft"):
+            raise TraceFileError(path, f"a URL is read only as a ttft dataset, not {format!r}")
+        return rules.apply(read_dataset(path))
     if os.fspath(path) == STDIN or _is_stream(Path(path)):
         with _spooled(path) as (shown, copy):
             try:

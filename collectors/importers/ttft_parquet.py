@@ -1,4 +1,4 @@
-"""ttft's own Parquet traces (a file or a directory of part files)."""
+"""ttft's own Parquet traces (a file, a directory of part files, or a partitioned dataset)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ttft.collectors._files import parts_dir
+from ttft.collectors.dataset import looks_like_dataset, read_dataset
 from ttft.collectors.importers._base import head
 from ttft.collectors.parquet import read_parquet
 
@@ -23,4 +24,6 @@ class TTFTParquet:
         return head(path, 4) == b"PAR1"
 
     def read(self, path: Path) -> pa.Table:
+        if looks_like_dataset(path):  # before part=K/ directories read as a plain directory
+            return read_dataset(path)
         return read_parquet(path)

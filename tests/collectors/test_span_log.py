@@ -159,7 +159,7 @@ def test_concurrent_durable_appends_share_fsyncs(tmp_path, monkeypatch):
 
     def counted_fsync(fd):
         fsyncs.append(fd)
-        slow.wait(0.005)  # a slow disk makes appends pile up behind each fsync
+        slow.wait(0.02)  # a slow disk makes appends pile up behind each fsync
         real_fsync(fd)
 
     monkeypatch.setattr(log_module.os, "fsync", counted_fsync)

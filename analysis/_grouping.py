@@ -1,0 +1,134 @@
+"""Which rows are valid and which traces are one request: the first step of ``assemble``,
+shared with ``analysis.partition`` so that a dataset's partitions keep exactly the
+requests the analysis will form (docs/attribution.md, "Requests")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ttft.analysis import _columns as col
+from ttft.analysis import clocks
+from ttft.analysis._trees import CODE
+from ttft.tracer.schema import (
+    BOUNDARY_EVENTS,
+    CLIENT_CLOCK,
+    EV_FIRST_BYTE,
+    EV_FIRST_SAMPLED,
+    EV_FIRST_TOKEN,
+    EV_TOKEN,
+    REQUEST_STAGES,
+)
+
+_EVENTS = (EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED, EV_TOKEN)
+
+
+def _nulls(table: pa.Table, name: str) -> np.ndarray:
+    column = table.column(name)
+    if column.null_count == 0:
+        return np.zeros(table.num_rows, bool)
+    return np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+@dataclass
+class Decoded:
+    """The columns every later step reads, decoded once: codes into ``*_values``, times,
+    canonical stage codes (``_trees.CODE``), and which rows are usable.
+
+    ``present``: has a trace id and both times in range; ``backwards``: present but ending
+    before it starts; ``valid``: present and not backwards. ``ev_rows`` are the valid event
+    rows, ``kind`` each one's index into (first_token, first_byte, first_sampled, token),
+    -1 for another event."""
+
+    trace: np.ndarray
+    trace_values: list[str]
+    start: np.ndarray
+    end: np.ndarray
+    stage: np.ndarray
+    clock_raw: np.ndarray
+    clock_values: list[str]
+    is_client: np.ndarray
+    present: np.ndarray
+    backwards: np.ndarray
+    valid: np.ndarray
+    ev_rows: np.ndarray
+    ev_name: np.ndarray
+    ev_values: list[str]
+    kind: np.ndarray
+
+
+def decode(table: pa.Table) -> Decoded:
+    """Decode a span table (``tracer.schema.SPAN_SCHEMA``)."""
+    trace, trace_values = col.codes(table.column("trace_id"))
+    start = col.int64(table.column("start_ns"))
+    end = col.int64(table.column("end_ns"))
+    stage_raw, stage_values = col.codes(table.column("stage"))
+    lut = np.array([CODE.get(v, CODE["other"]) for v in stage_values] + [CODE["other"]])
+    stage = lut[stage_raw].astype(np.int8)
+    clock_raw, clock_values = col.codes(table.column("clock"))
+    is_client = np.isin(clock_raw, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK])
+    present = (trace >= 0) & ~_nulls(table, "start_ns") & ~_nulls(table, "end_ns")
+    present &= clocks.in_range(start) & clocks.in_range(end)
+    backwards = present & (end < start)
+    valid = present & ~backwards
+    ev_rows = np.flatnonzero(valid & (stage == CODE["event"]))
+    ev_name, ev_values = col.codes(col.take(table.column("name"), ev_rows))
+    ev_kind = np.full(len(ev_values) + 1, -1, np.int8)
+    for i, v in enumerate(ev_values):
+        if v in _EVENTS:
+            ev_kind[i] = _EVENTS.index(v)
+    kind = ev_kind[ev_name]  # -1 → last entry, also -1
+    return Decoded(trace, trace_values, start, end, stage, clock_raw, clock_values, is_client,
+                   present, backwards, valid, ev_rows, ev_name, ev_values, kind)
+
+
+@dataclass
+class Grouping:
+    """Requests of a table: ``row_req`` (request of each row, -1 for none or invalid),
+    ``n_req``; ``uniq`` each request's key (a code into ``rid_values`` when it has a
+    request id, else ``len(rid_values)`` + its trace's code); ``first_trace`` the code of
+    the request's smallest trace id; ``req_of_trace`` per trace code (-1: not a request)."""
+
+    row_req: np.ndarray
+    n_req: int
+    uniq: np.ndarray
+    rid_values: list[str]
+    first_trace: np.ndarray
+    req_of_trace: np.ndarray
+
+    def names(self, trace_values: list[str]) -> np.ndarray:
+        """Each request's name: its request id, else its smallest trace id (object array)."""
+        traces = np.asarray(trace_values, dtype=object)[self.first_trace]
+        rids = np.asarray([*self.rid_values, None], dtype=object)
+        rid = rids[np.minimum(self.uniq, len(self.rid_values))]
+        return np.where(self.uniq < len(self.rid_values), rid, traces)
+
+
+def group(table: pa.Table, d: Decoded) -> Grouping:
+    """Which traces are requests (they hold a request-stage span or a boundary event), and
+    which are one request (they share a ``request_id``)."""
+    n = table.num_rows
+    n_traces = len(d.trace_values)
+    request_stage = np.isin(d.stage, [CODE[s] for s in REQUEST_STAGES])
+    marks = d.valid & request_stage
+    boundary_event = np.zeros(n, bool)
+    boundary_event[d.ev_rows] = (d.kind >= 0) & (d.kind < len(BOUNDARY_EVENTS))
+    trace_is_req = np.zeros(n_traces, bool)
+    trace_is_req[d.trace[marks | boundary_event]] = True
+    rid, rid_values = col.codes(table.column("request_id"))
+    with_rid = d.valid & (rid >= 0) & trace_is_req[np.maximum(d.trace, 0)]
+    # A trace holding several request ids joins by the smallest; a request of several
+    # traces is named by the smallest trace id: never by row order.
+    rid_of_trace = col.smallest_by_value(d.trace[with_rid], rid[with_rid], rid_values, n_traces)
+    req_traces = np.flatnonzero(trace_is_req)
+    key = np.where(rid_of_trace >= 0, rid_of_trace, len(rid_values) + np.arange(n_traces))
+    uniq, inv = np.unique(key[req_traces], return_inverse=True)
+    n_req = len(uniq)
+    req_of_trace = np.full(n_traces, -1, np.int64)
+    req_of_trace[req_traces] = inv
+    first_trace = col.smallest_by_value(inv, req_traces, d.trace_values, n_req)
+    row_req = np.where(d.valid, req_of_trace[np.maximum(d.trace, 0)], -1)
+    return Grouping(row_req, n_req, uniq, rid_values, first_trace, req_of_trace)

@@ -1,0 +1,388 @@
+"""Partitioned trace datasets: one trace split into partitions that each keep their
+requests whole, so one task can analyse one partition (issue 17, DESIGN.md "The span
+record").
+
+The layout, hive-style::
+
+    DATASET/
+      _ttft_dataset.json       {"format": "ttft-dataset", "version": 1, "partitions": N,
+                                "key": "<the partition rule in words>",
+                                "schema_version": <SCHEMA_VERSION>, "spans": <own rows>,
+                                "copies": <borrowed rows>, "metadata": {<run metadata>}}
+      part=0/spans.parquet     the rows partition 0 owns: every row of the input is owned by
+                               exactly one partition
+      part=0/borrowed.parquet  rows copied in from other partitions (the engine step traces
+                               a request of this partition ran in); absent when there are none
+      part=1/...
+
+Every ``part=K/`` directory exists, with a ``spans.parquet`` (empty when the partition owns
+no row). The Parquet files are ttft traces (``collectors/_files.py``: run metadata under
+``METADATA_KEY``, ``WRITE_OPTIONS``), each written under a temporary name and renamed.
+Partition 0's files carry the input's ``rejected`` key (the importer's rejections,
+``ttft.analysis.quality.rejected_spans``); the other partitions' drop it, so summing over
+partitions equals the whole. ``_ttft_dataset.json`` is written last, the same way, so a
+dataset whose writing stopped half way is never read as one: a directory holding
+``part=K/`` directories and no ``_ttft_dataset.json`` is refused.
+
+``DATASET`` may be a local path or a URL with a protocol (``s3://``, ``memory://``,
+``file://``), read and written through `fsspec` and the filesystem package for the protocol
+(e.g. ``s3fs``), which the user installs; local paths never need fsspec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ttft.collectors._files import discard, fsync, write_atomic
+from ttft.collectors.errors import TraceFileError
+from ttft.collectors.parquet import read_parquet
+from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION
+
+__all__ = [
+    "DATASET_FILE",
+    "dataset_info",
+    "is_dataset",
+    "is_url",
+    "looks_like_dataset",
+    "read_dataset",
+    "read_partition",
+    "write_dataset",
+]
+
+DATASET_FILE = "_ttft_dataset.json"
+"""The dataset metadata file, written last: a directory without it is no dataset."""
+
+FORMAT = "ttft-dataset"
+VERSION = 1
+SPANS_FILE = "spans.parquet"
+BORROWED_FILE = "borrowed.parquet"
+_PART_PREFIX = "part="
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """``path`` is a string with a protocol (``s3://...``): read and written through fsspec."""
+    return isinstance(path, str) and bool(_URL_RE.match(path))
+
+
+def _partition_name(k: int) -> str:
+    return f"{_PART_PREFIX}{k}"
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path within it.
+
+    Raises:
+        TraceFileError: fsspec, or the filesystem package for the protocol, is missing.
+    """
+    try:
+        from fsspec.core import url_to_fs
+
+        return url_to_fs(url)
+    except ImportError as exc:
+        protocol = url.split("://", 1)[0]
+        extra = {"s3": " s3fs", "gs": " gcsfs", "gcs": " gcsfs", "az": " adlfs",
+                 "abfs": " adlfs"}.get(protocol, "")
+        raise TraceFileError(url, f"a {protocol}:// path needs fsspec and the package of its "
+                                  f"filesystem: pip install fsspec{extra} ({exc})") from None
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def _checked_rows(table: pa.Table, owner: np.ndarray, copy_rows: np.ndarray,
+                  copy_partitions: np.ndarray, partitions: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, not {partitions}")
+    owner = np.asarray(owner, dtype=np.int64)
+    copy_rows = np.asarray(copy_rows, dtype=np.int64)
+    copy_partitions = np.asarray(copy_partitions, dtype=np.int64)
+    if owner.shape != (table.num_rows,):
+        raise ValueError(f"owner has {owner.size} entries for {table.num_rows} rows")
+    if copy_rows.shape != copy_partitions.shape or copy_rows.ndim != 1:
+        raise ValueError("copy_rows and copy_partitions differ in length")
+    for name, values, bound in (("owner", owner, partitions),
+                                ("copy_partitions", copy_partitions, partitions),
+                                ("copy_rows", copy_rows, table.num_rows)):
+        if values.size and (values.min() < 0 or values.max() >= bound):
+            raise ValueError(f"{name} holds a value outside 0..{bound - 1}")
+    return owner, copy_rows, copy_partitions
+
+
+def _groups(keys: np.ndarray, values: np.ndarray, partitions: int) -> list[np.ndarray]:
+    """``values`` split by ``keys`` (0..partitions-1), each group in its original order."""
+    order = np.argsort(keys, kind="stable")
+    bounds = np.searchsorted(keys[order], np.arange(partitions + 1))
+    ordered = values[order]
+    return [ordered[bounds[k]:bounds[k + 1]] for k in range(partitions)]
+
+
+def _json_bytes(value: Mapping[str, Any]) -> bytes:
+    try:
+        return json.dumps(value, sort_keys=True).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"metadata: {exc}") from exc
+
+
+def _write_partition(folder: Path, table: pa.Table, own: np.ndarray, borrowed: np.ndarray,
+                     metadata_json: bytes) -> None:
+    """``folder`` (``part=K``) with its ``spans.parquet`` and, if any, ``borrowed.parquet``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / SPANS_FILE, table.take(pa.array(own, pa.int64())), metadata_json)
+    if borrowed.size:
+        write_atomic(folder / BORROWED_FILE, table.take(pa.array(borrowed, pa.int64())),
+                     metadata_json)
+
+
+def _write_json_local(dest: Path, data: bytes) -> None:
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+        fsync(tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        discard(tmp)
+        raise
+
+
+def _refuse_nonempty_local(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: exists and is not an empty directory; the dataset is "
+                         "written to a new or empty directory")
+
+
+def write_dataset(
+    out: str | os.PathLike[str],
+    table: pa.Table,
+    owner: np.ndarray,
+    copy_rows: np.ndarray,
+    copy_partitions: np.ndarray,
+    partitions: int,
+    key: str,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path | str:
+    """Write ``table`` as a partitioned dataset at ``out`` (the layout above).
+
+    Args:
+        out: a new or empty local directory, or a URL (written through fsspec).
+        table: the rows, with ``SPAN_SCHEMA``.
+        owner: per row of ``table``, the partition (0..partitions-1) that owns it.
+        copy_rows: row indices also copied into another partition, as borrowed rows.
+        copy_partitions: per entry of ``copy_rows``, the partition it is copied into.
+        partitions: the partition count N; every ``part=K`` directory is written.
+        key: the partition rule in words, kept in ``_ttft_dataset.json``.
+        metadata: the run metadata (None: the table's own, under ``METADATA_KEY``);
+            ``schema_version`` is set to this ttft's.
+
+    Returns:
+        ``out`` (a Path for a local directory, the URL as given otherwise).
+
+    Raises:
+        ValueError: ``out`` exists and is not an empty directory; or ``owner``,
+            ``copy_rows``, ``copy_partitions`` do not fit the table and ``partitions``.
+        TypeError: the metadata cannot be written as JSON.
+        TraceFileError: a URL whose filesystem package (or fsspec) is not installed.
+        OSError: a file cannot be written.
+    """
+    owner, copy_rows, copy_partitions = _checked_rows(table, owner, copy_rows,
+                                                      copy_partitions, partitions)
+    if metadata is None:
+        raw = (table.schema.metadata or {}).get(METADATA_KEY)
+        metadata = json.loads(raw) if raw else {}
+    run = {**metadata, "schema_version": SCHEMA_VERSION}
+    first = _json_bytes(run)
+    others = _json_bytes({k: v for k, v in run.items() if k != "rejected"})
+    owned = _groups(owner, np.arange(table.num_rows, dtype=np.int64), partitions)
+    borrowed = _groups(copy_partitions, copy_rows, partitions)
+    info = _json_bytes({"format": FORMAT, "version": VERSION, "partitions": partitions,
+                        "key": key, "schema_version": SCHEMA_VERSION,
+                        "spans": table.num_rows, "copies": int(copy_rows.size),
+                        "metadata": run})
+    with _target(out) as (put, finish):
+        for k in range(partitions):
+            put(k, lambda folder, k=k: _write_partition(
+                folder, table, owned[k], borrowed[k], first if k == 0 else others))
+        finish(info)
+    return out if is_url(out) else Path(out)
+
+
+@contextmanager
+def _target(out: str | os.PathLike[str]) -> Iterator[tuple[Any, Any]]:
+    """``(put, finish)`` for writing a dataset at ``out``: ``put(k, write)`` has ``write``
+    fill partition k's local folder (uploaded for a URL); ``finish(info)`` writes the
+    dataset file, last."""
+    if not is_url(out):
+        root = Path(out)
+        _refuse_nonempty_local(root)
+        root.mkdir(parents=True, exist_ok=True)
+        yield ((lambda k, write: write(root / _partition_name(k))),
+               (lambda info: _write_json_local(root / DATASET_FILE, info)))
+        return
+    fs, root_path = _filesystem(os.fspath(out))
+    if fs.exists(root_path) and (not fs.isdir(root_path) or fs.ls(root_path)):
+        raise ValueError(f"{out}: exists and is not an empty directory; the dataset is "
+                         "written to a new or empty directory")
+
+    def put(k: int, write: Any) -> None:
+        with tempfile.TemporaryDirectory(prefix="ttft-dataset-") as scratch:
+            folder = Path(scratch) / _partition_name(k)
+            write(folder)
+            remote = f"{root_path}/{_partition_name(k)}"
+            fs.makedirs(remote, exist_ok=True)
+            for file in sorted(folder.iterdir()):
+                fs.put_file(str(file), f"{remote}/{file.name}")
+
+    def finish(info: bytes) -> None:
+        tmp = f"{root_path}/.{DATASET_FILE}.tmp"
+        fs.pipe_file(tmp, info)
+        fs.mv(tmp, f"{root_path}/{DATASET_FILE}")
+
+    yield put, finish
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def is_dataset(path: str | os.PathLike[str]) -> bool:
+    """``path`` is a dataset directory (it holds ``_ttft_dataset.json``; not checked here)."""
+    if is_url(path):
+        fs, root = _filesystem(os.fspath(path))
+        return bool(fs.isfile(f"{root}/{DATASET_FILE}"))
+    return (Path(path) / DATASET_FILE).is_file()
+
+
+def looks_like_dataset(path: str | os.PathLike[str]) -> bool:
+    """``path`` is a dataset, or a local directory holding ``part=K/`` directories (a dataset
+    whose writing did not finish, which :func:`read_dataset` refuses)."""
+    if is_dataset(path):
+        return True
+    if is_url(path) or not Path(path).is_dir():
+        return False
+    return any(child.name.startswith(_PART_PREFIX) and child.is_dir()
+               for child in Path(path).iterdir())
+
+
+def _read_bytes(path: str | os.PathLike[str], name: str) -> bytes | None:
+    """The bytes of ``path/name``; None when there is no such file."""
+    try:
+        if is_url(path):
+            fs, root = _filesystem(os.fspath(path))
+            return bytes(fs.cat_file(f"{root}/{name}"))
+        return (Path(path) / name).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _shown(path: str | os.PathLike[str], name: str) -> str:
+    return f"{os.fspath(path).rstrip('/')}/{name}"
+
+
+def dataset_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The contents of a dataset's ``_ttft_dataset.json``, checked.
+
+    Raises:
+        TraceFileError: the file is missing (a dataset not completely written), not JSON,
+            not a ttft dataset, of a newer version or schema, or its partition count is not
+            a positive integer; the message names the file.
+    """
+    shown = _shown(path, DATASET_FILE)
+    raw = _read_bytes(path, DATASET_FILE)
+    if raw is None:
+        raise TraceFileError(shown, "missing: not a partitioned dataset, or one whose writing "
+                                    "did not finish (this file is written last); write it "
+                                    "again")
+    try:
+        info = json.loads(raw)
+    except ValueError as exc:
+        raise TraceFileError(shown, f"not valid JSON ({exc})") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        raise TraceFileError(shown, f"not a ttft dataset file (no \"format\": \"{FORMAT}\")")
+    for field, newest in (("version", VERSION), ("schema_version", SCHEMA_VERSION)):
+        value = info.get(field)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TraceFileError(shown, f"no integer {field}")
+        if value > newest:
+            raise TraceFileError(shown, f"{field} {value} is newer than this ttft supports "
+                                        f"({newest}); upgrade ttft")
+    partitions = info.get("partitions")
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise TraceFileError(shown, f"partitions must be a positive integer, not "
+                                    f"{partitions!r}")
+    return info
+
+
+def _exists(path: str | os.PathLike[str], name: str) -> bool:
+    if is_url(path):
+        fs, root = _filesystem(os.fspath(path))
+        return bool(fs.exists(f"{root}/{name}"))
+    return (Path(path) / name).exists()
+
+
+def _read_file(path: str | os.PathLike[str], name: str) -> pa.Table:
+    """The checked ttft trace ``path/name`` (downloaded first for a URL)."""
+    if not is_url(path):
+        return read_parquet(Path(path) / name)
+    fs, root = _filesystem(os.fspath(path))
+    with tempfile.TemporaryDirectory(prefix="ttft-dataset-") as scratch:
+        local = Path(scratch) / Path(name).name
+        try:
+            fs.get_file(f"{root}/{name}", str(local))
+        except FileNotFoundError:
+            raise TraceFileError(_shown(path, name), "does not exist") from None
+        try:
+            return read_parquet(local)
+        except TraceFileError as exc:
+            raise TraceFileError(_shown(path, name), exc.reason, row=exc.row,
+                                 field=exc.field) from None
+
+
+def _partition_index(info: Mapping[str, Any], path: str | os.PathLike[str], k: int) -> str:
+    if not 0 <= k < info["partitions"]:
+        raise ValueError(f"{path}: no partition {k} (the dataset has {info['partitions']})")
+    return _partition_name(k)
+
+
+def read_partition(path: str | os.PathLike[str], k: int) -> tuple[pa.Table, int]:
+    """Partition ``k`` of the dataset at ``path``: its own rows followed by its borrowed
+    rows, and the number of own rows.
+
+    Returns:
+        A table with exactly ``SPAN_SCHEMA`` whose schema metadata is the run metadata of
+        the partition's ``spans.parquet``, and the count of its own (leading) rows.
+
+    Raises:
+        TraceFileError: the dataset file or a partition's file is missing or unreadable.
+        ValueError: no partition ``k``.
+    """
+    folder = _partition_index(dataset_info(path), path, k)
+    own = _read_file(path, f"{folder}/{SPANS_FILE}")
+    count = own.num_rows
+    if _exists(path, f"{folder}/{BORROWED_FILE}"):
+        borrowed = _read_file(path, f"{folder}/{BORROWED_FILE}")
+        own = pa.concat_tables([own, borrowed.replace_schema_metadata(own.schema.metadata)])
+    return own, count
+
+
+def read_dataset(path: str | os.PathLike[str]) -> pa.Table:
+    """Every partition's own rows, in partition order (the input's rows, each once), with
+    partition 0's run metadata; :func:`ttft.collectors.read_spans` reads a dataset so.
+
+    Raises:
+        TraceFileError: as :func:`dataset_info` and :func:`read_partition`.
+    """
+    info = dataset_info(path)
+    tables = [_read_file(path, f"{_partition_name(k)}/{SPANS_FILE}")
+              for k in range(info["partitions"])]
+    return pa.concat_tables(tables).replace_schema_metadata(tables[0].schema.metadata)

@@ -1,0 +1,104 @@
+"""``ttft partition``: a dataset built from traces, read back by analyze as the same trace."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from ttft.collectors import dataset_info, read_partition, read_spans, run_metadata
+from ttft.reports.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    path = tmp_path_factory.mktemp("synth") / "t.parquet"
+    result = runner.invoke(app, ["synth", "--requests", "120", "--seed", "3", "-o", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def _analyze_json(path) -> dict:
+    result = runner.invoke(app, ["analyze", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    summary.pop("trace")
+    return summary
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_analyze_of_a_dataset_equals_analyze_of_its_trace(synth, tmp_path, partitions):
+    pytest.importorskip("ttft.analysis.partition")
+    out = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", str(synth), "-o", str(out),
+                                 "--partitions", str(partitions)])
+    assert result.exit_code == 0, result.output
+    line = re.fullmatch(
+        rf"wrote {re.escape(str(out))}: {partitions} partitions, 120 requests, ([\d,]+) spans "
+        r"\(\+([\d,]+) copied step rows, [\d.]+%\), largest partition ([\d,]+) spans\n",
+        result.stderr)
+    assert line, result.stderr
+    spans = read_spans(synth).num_rows
+    assert int(line[1].replace(",", "")) == spans
+    info = dataset_info(out)
+    assert (info["partitions"], info["spans"]) == (partitions, spans)
+    assert int(line[2].replace(",", "")) == info["copies"]
+    sizes = [read_partition(out, k)[0].num_rows for k in range(partitions)]
+    assert int(line[3].replace(",", "")) == max(sizes)
+    assert run_metadata(read_spans(out))["inputs"] == [str(synth)]
+    assert _analyze_json(out) == _analyze_json(synth)
+
+
+def test_a_non_empty_output_is_refused(synth, tmp_path):
+    out = tmp_path / "ds"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = runner.invoke(app, ["partition", str(synth), "-o", str(out), "--partitions", "2"])
+    assert result.exit_code == 2
+    assert f"{out}: exists and is not an empty directory" in result.output
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_partitions_must_be_positive(synth, tmp_path):
+    result = runner.invoke(app, ["partition", str(synth), "-o", str(tmp_path / "ds"),
+                                 "--partitions", "0"])
+    assert result.exit_code == 2
+    assert not (tmp_path / "ds").exists()
+
+
+def test_an_unreadable_input_is_one_error_line(tmp_path):
+    result = runner.invoke(app, ["partition", str(tmp_path / "missing.parquet"), "-o",
+                                 str(tmp_path / "ds"), "--partitions", "2"])
+    assert result.exit_code == 2
+    assert "missing.parquet: does not exist" in result.output
+    assert not (tmp_path / "ds").exists()
+
+
+def test_several_traces_go_into_one_dataset(synth, tmp_path):
+    pytest.importorskip("ttft.analysis.partition")
+    other = tmp_path / "other.parquet"
+    assert runner.invoke(app, ["synth", "--requests", "30", "--seed", "8", "-o",
+                               str(other)]).exit_code == 0
+    out = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", str(synth), str(other), "-o", str(out),
+                                 "--partitions", "3"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"wrote {out}: 3 partitions, ")
+    whole = read_spans(out)
+    assert whole.num_rows == read_spans(synth).num_rows + read_spans(other).num_rows
+    assert run_metadata(whole)["inputs"] == [str(synth), str(other)]
+
+
+def test_analyze_refuses_a_half_written_dataset(synth, tmp_path):
+    pytest.importorskip("ttft.analysis.partition")
+    out = tmp_path / "ds"
+    assert runner.invoke(app, ["partition", str(synth), "-o", str(out),
+                               "--partitions", "2"]).exit_code == 0
+    (out / "_ttft_dataset.json").unlink()
+    result = runner.invoke(app, ["analyze", str(out)])
+    assert result.exit_code == 2
+    assert "_ttft_dataset.json: missing" in result.output
