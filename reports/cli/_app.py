@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ttft.analysis.pipeline import Analysis
+    from ttft.analysis.summary import Summary
     from ttft.reports.regime_view import RegimeResult
 
 app = typer.Typer(
@@ -172,11 +173,16 @@ def analyze_trace(
 
 def print_summary(analysis: Analysis, *, as_json: bool = False) -> None:
     """The analysis's summary on stdout: ``ttft analyze``'s tables, or its ``--json``."""
+    print_summary_of(analysis.summary, as_json=as_json)
+
+
+def print_summary_of(summary: Summary, *, as_json: bool = False) -> None:
+    """A summary on stdout: ``ttft analyze``'s tables, or its ``--json``."""
     if as_json:
         import sys
 
-        sys.stdout.write(analysis.summary.to_json() + "\n")
+        sys.stdout.write(summary.to_json() + "\n")
         return
     from ttft.reports.terminal import render_analysis
 
-    render_analysis(analysis.summary, stdout_console())
+    render_analysis(summary, stdout_console())

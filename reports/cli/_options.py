@@ -70,3 +70,21 @@ ModelConfigOption = Annotated[
         "ModelConfig fields, with dtype) when the trace does not carry it"
     ),
 ]
+
+
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="analyse a partitioned dataset (ttft partition) on a local Dask cluster of N "
+        "worker processes, one task per partition (needs: pip install 'ttft[dask]')",
+    ),
+]
+SchedulerOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="ADDRESS",
+        help="analyse a partitioned dataset on the running Dask scheduler at ADDRESS "
+        "(tcp://host:8786); every worker must be able to read the dataset",
+    ),
+]

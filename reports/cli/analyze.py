@@ -14,9 +14,11 @@ from ttft.reports.cli._app import (
     app,
     fail,
     print_summary,
+    print_summary_of,
     regime_of,
     stdout_console,
 )
+from ttft.reports.cli._distributed import analyze_in_partitions
 from ttft.reports.cli._options import (
     BoundaryOption,
     FormatOption,
@@ -27,7 +29,9 @@ from ttft.reports.cli._options import (
     PolicyName,
     PolicyOption,
     RegimeFlag,
+    SchedulerOption,
     TraceArgument,
+    WorkersOption,
 )
 
 
@@ -47,10 +51,25 @@ def analyze(
     peak_tflops: PeakTflopsOption = None,
     peak_bandwidth_gbs: PeakBandwidthOption = None,
     model_config: ModelConfigOption = None,
+    workers: WorkersOption = None,
+    scheduler: SchedulerOption = None,
 ) -> None:
     """Split every request's TTFT into stages that sum exactly to it, and summarize them
     per stage and per condition (cold, prefix_hit), with the data-quality defects found;
-    with --regime, also whether each prefill chunk was compute- or memory-bound."""
+    with --regime, also whether each prefill chunk was compute- or memory-bound. With
+    --workers or --scheduler, a partitioned dataset (ttft partition) is analysed one
+    partition per Dask task, with exactly the result of one process."""
+    if workers is not None or scheduler is not None:
+        if regime:
+            raise fail("--regime is not available with --workers or --scheduler yet; "
+                       "analyse the dataset in one process for it")
+        summary = analyze_in_partitions(
+            trace, boundary=boundary.value if boundary else None, policy=policy.value,
+            mapping=mapping, workers=workers, scheduler=scheduler, per_request=per_request,
+            format=format,
+        )
+        print_summary_of(summary, as_json=as_json)
+        return
     analysis = analyze_trace(
         trace,
         boundary=boundary.value if boundary else None,
