@@ -150,6 +150,22 @@ def _depths(parent: np.ndarray) -> np.ndarray:
     return np.minimum(hops, min(k, np.iinfo(np.int16).max)).astype(np.int16)
 
 
+def _copies_first(order: np.ndarray, first: np.ndarray, copy_key: tuple[np.ndarray, ...]
+                  ) -> np.ndarray:
+    """``order`` (sorted by request and id, ``first`` marking each group's start) with each
+    group of copies reordered by ``copy_key`` then column, so the kept copy (the group's
+    first) never depends on row order."""
+    group = np.cumsum(first) - 1
+    sizes = np.bincount(group)
+    in_copies = sizes[group] > 1
+    members = np.flatnonzero(in_copies)  # positions in ``order``, groups contiguous
+    cols = order[members]
+    within = np.lexsort((cols, *(c.ravel()[cols] for c in copy_key), group[members]))
+    out = order.copy()
+    out[members] = cols[within]
+    return out
+
+
 def _links(
     hi: np.ndarray,
     lo: np.ndarray,
@@ -173,12 +189,11 @@ def _links(
     """
     n, k = hi.shape
     row = np.repeat(np.arange(n), k)
-    flat = np.arange(n * k)
     hi_f, lo_f = hi.ravel(), lo.ravel()
-    order = np.lexsort(
-        (flat, *(c.ravel() for c in copy_key), lo_f, hi_f, row)
-    )
-    order = order[has.ravel()[order]]
+    with_id = np.flatnonzero(has.ravel())
+    # Sort by (request, id) only; ids are random, so copies are rare: the copy keys order
+    # just the groups of copies (the common block has none and skips that sort).
+    order = with_id[np.lexsort((lo_f[with_id], hi_f[with_id], row[with_id]))]
     first = np.ones(len(order), bool)
     first[1:] = (
         (row[order][1:] != row[order][:-1])
@@ -186,6 +201,8 @@ def _links(
         | (lo_f[order][1:] != lo_f[order][:-1])
     )
     keep = np.ones(n * k, bool)
+    if not first.all():
+        order = _copies_first(order, first, copy_key)
     keep[order[~first]] = False
     kept = order[first]  # one copy per (request, id), sorted by (request, hi, lo)
     asking = np.flatnonzero(has_parent.ravel())

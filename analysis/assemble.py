@@ -130,7 +130,18 @@ class Assembly:
 
 
 def _examples(values: list[str], codes: np.ndarray) -> list[str]:
-    return [values[int(c)] for c in codes[:3] if c >= 0]
+    return [values[int(c)] for c in codes if c >= 0]
+
+
+def _row_names(table: pa.Table, rows: np.ndarray) -> list[str]:
+    """What names a row that lacks a field: its span id, else its trace id, else its
+    position (``row N``), so the examples do not depend on row order where avoidable."""
+    if len(rows) == 0:
+        return []
+    span = col.take(table.column("span_id"), rows).to_pylist()
+    trace = col.take(table.column("trace_id"), rows).to_pylist()
+    return [f"span {s}" if s else f"trace {t}" if t else f"row {i}"
+            for s, t, i in zip(span, trace, rows.tolist(), strict=True)]
 
 
 def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = None,
@@ -153,9 +164,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     ev_rows, ev_name, ev_values, kind = d.ev_rows, d.ev_name, d.ev_values, d.kind
     counted = np.ones(table.num_rows, bool) if borrowed is None else ~borrowed
     missing = counted & ~d.present
-    quality.add(
-        "missing_field", int(missing.sum()), [f"row {i}" for i in np.flatnonzero(missing)[:3]]
-    )
+    quality.add("missing_field", int(missing.sum()), _row_names(table, np.flatnonzero(missing)))
     backwards = counted & d.backwards
     quality.add("end_before_start", int(backwards.sum()), _examples(trace_values, trace[backwards]))
     is_event = valid & (stage == CODE["event"])
@@ -247,7 +256,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         # and a client can read the first token before the server's send() returned.
         & (windows["server_start"] < windows["client_start"])
     )
-    quality.add("clock_shift", int(clock_shift.sum()), requests["trace_id"][clock_shift][:3])
+    quality.add("clock_shift", int(clock_shift.sum()), requests["trace_id"][clock_shift])
     rows = Rows(
         table, row_req, stage, start, end, valid, service, service_values, clock_raw, clock_values
     )
@@ -309,7 +318,7 @@ def _add_tree_examples(
     ):
         per = found[key]
         hit = np.flatnonzero(per)
-        quality.add(defect, int(per.sum()), [trace_values[first[i]] for i in hit[:3]])
+        quality.add(defect, int(per.sum()), [trace_values[first[i]] for i in hit])
 
 
 def _windows(

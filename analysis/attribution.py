@@ -111,7 +111,7 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     has = windowed & ok  # TTFT is over ok requests; failures are reported apart
     quality = Quality().merged(asm.quality)
     missing = np.flatnonzero(ok & ~windowed)
-    quality.add("no_window", len(missing), reqs["trace_id"].iloc[missing[:3]])
+    quality.add("no_window", len(missing), reqs["trace_id"].iloc[missing])
 
     n_req = len(reqs)
     a = reqs[f"{boundary}_a"].to_numpy()

@@ -7,6 +7,7 @@ is never lost. The counts travel with every analysis result and are printed besi
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -58,17 +59,17 @@ class Quality:
     clocks: list[ClockOffset] = field(default_factory=list)
 
     def add(self, defect: str, count: int, examples: Iterable[str] = ()) -> None:
-        """Count ``count`` occurrences of ``defect`` and keep the first few examples."""
+        """Count ``count`` occurrences of ``defect`` and keep the smallest few examples
+        (of these and those kept before): the same whatever the order of the rows or of
+        the parts a dataset was analysed in, so pass every example, not the first few."""
         if defect not in self.counts:
             raise KeyError(f"unknown data-quality defect {defect!r}")
         if count <= 0:
             return
         self.counts[defect] += int(count)
+        smallest = heapq.nsmallest(EXAMPLES_KEPT, (str(e) for e in examples))
         kept = self.examples[defect]
-        for example in examples:
-            if len(kept) >= EXAMPLES_KEPT:
-                break
-            kept.append(str(example))
+        kept[:] = sorted(set(kept) | set(smallest))[:EXAMPLES_KEPT]
 
     def merged(self, other: Quality) -> Quality:
         """A new Quality with both sets of counts (and both clock lists, without repeats)."""

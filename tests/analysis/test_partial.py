@@ -1,0 +1,306 @@
+"""A dataset analysed partition by partition (``analysis.partial``) equals one process
+exactly: the merged summary, clocks, failures, quality and per-request parts, for every
+boundary and policy and several partition counts; and ``partition_rows`` keeps every
+request whole with the step traces it joins (issue 17)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_clocks import shifted
+
+from ttft.analysis import analyze
+from ttft.analysis.clocks import offsets_from_bounds
+from ttft.analysis.partial import analyze_part, default_boundary, merge_parts, part_bounds
+from ttft.analysis.partition import partition_rows
+from ttft.collectors.dataset import read_partition, write_dataset
+from ttft.collectors.synthetic import generate
+from ttft.tracer.schema import POLICIES
+
+TRACE = "dataset"
+BOUNDARIES = (None, "client", "server", "engine")
+PARTITIONS = (1, 2, 5, 13)
+SHIFT_NS = 3_700_000_000
+SOME = ((None, "exclusive"), ("server", "shared"), ("engine", "critical-path"))
+"""A few (boundary, policy) pairs, for what the boundary and policy barely touch."""
+
+Dataset = list[tuple[pa.Table, int]]
+"""Each partition as ``read_partition`` gives it: own rows, then borrowed, and the own count."""
+
+
+def split(table: pa.Table, partitions: int) -> Dataset:
+    """``table`` partitioned in memory, each partition's own rows first."""
+    p = partition_rows(table, partitions)
+    out = []
+    for k in range(partitions):
+        own = table.take(np.flatnonzero(p.owner == k))
+        borrowed = table.take(p.copy_rows[p.copy_partitions == k])
+        out.append((pa.concat_tables([own, borrowed]), own.num_rows))
+    return out
+
+
+def own_rows(dataset: Dataset) -> pa.Table:
+    """Every row the dataset holds once (the own rows, in partition order)."""
+    return pa.concat_tables([t.slice(0, own) for t, own in dataset])
+
+
+def in_partitions(dataset: Dataset, boundary, policy, offsets=None):
+    """The driver's protocol (``reports.runs.distributed``) without Dask: global clock
+    bounds, one analysis per partition, the dataset's default boundary, the merge."""
+    if offsets is None:
+        offsets = offsets_from_bounds([part_bounds(t) for t, _ in dataset])
+    parts = [analyze_part(t, own, offsets, boundary, policy) for t, own in dataset]
+    chosen = boundary or default_boundary(parts)
+    parts = [part if part.attribution.boundary == chosen
+             else analyze_part(t, own, offsets, chosen, policy)
+             for part, (t, own) in zip(parts, dataset, strict=True)]
+    return merge_parts(parts, offsets, trace=TRACE)
+
+
+def one_process(table: pa.Table, boundary, policy):
+    return analyze(table, boundary=boundary, policy=policy, trace=TRACE)
+
+
+@cache
+def synthetic(requests: int = 300, seed: int = 7) -> pa.Table:
+    return generate(requests, seed=seed).table
+
+
+@cache
+def synthetic_split(partitions: int) -> Dataset:
+    return split(synthetic(), partitions)
+
+
+@cache
+def single_summary(boundary, policy) -> dict:
+    return one_process(synthetic(), boundary, policy).summary.to_dict()
+
+
+def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.sort_values(["trace_id", "stage"], kind="stable").reset_index(drop=True)
+
+
+# --- the merged summary --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+@pytest.mark.parametrize("partitions", PARTITIONS)
+def test_merged_summary_equals_one_process_exactly(partitions, boundary):
+    dataset = synthetic_split(partitions)
+    assert own_rows(dataset).num_rows == synthetic().num_rows
+    for policy in POLICIES:
+        _, merged = in_partitions(dataset, boundary, policy)
+        of_dataset = one_process(own_rows(dataset), boundary, policy).summary.to_dict()
+        assert merged.to_dict() == of_dataset, (partitions, boundary, policy)
+        assert merged.to_dict() == single_summary(boundary, policy), (partitions, policy)
+
+
+@pytest.mark.parametrize("partitions", [2, 13])
+def test_merged_per_request_parts_equal_one_process(partitions):
+    dataset = synthetic_split(partitions)
+    for boundary in BOUNDARIES:
+        for policy in POLICIES:
+            merged, _ = in_partitions(dataset, boundary, policy)
+            single = one_process(synthetic(), boundary, policy).attribution
+            assert merged.boundary == single.boundary
+            pd.testing.assert_frame_equal(sorted_rows(merged.per_request()),
+                                          sorted_rows(single.per_request()))
+
+
+def test_a_dataset_written_and_read_back_merges_to_the_same_summary(tmp_path):
+    table = synthetic()
+    p = partition_rows(table, 5)
+    write_dataset(tmp_path / "ds", table, p.owner, p.copy_rows, p.copy_partitions, 5, p.key)
+    dataset = [read_partition(tmp_path / "ds", k) for k in range(5)]
+    assert sum(own for _, own in dataset) == table.num_rows
+    assert sum(t.num_rows - own for t, own in dataset) == p.copy_rows.size > 0
+    for boundary, policy in ((None, "exclusive"), ("server", "critical-path")):
+        _, merged = in_partitions(dataset, boundary, policy)
+        assert merged.to_dict() == single_summary(boundary, policy)
+
+
+# --- a multi-host trace: the clock offset is global ---------------------------------------
+
+
+@cache
+def multi_host() -> pa.Table:
+    return shifted(synthetic(80, 11), SHIFT_NS)
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+@pytest.mark.parametrize("partitions", [2, 13])
+def test_a_clock_offset_is_estimated_over_all_partitions(partitions, boundary):
+    dataset = split(multi_host(), partitions)
+    for policy in POLICIES:
+        _, merged = in_partitions(dataset, boundary, policy)
+        single = one_process(multi_host(), boundary, policy).summary.to_dict()
+        assert merged.to_dict() == single, (partitions, boundary, policy)
+        applied = [c for c in merged.to_dict()["clocks"] if c["applied"]]
+        assert len(applied) == 1 and applied[0]["requests"] == 80
+        assert abs(applied[0]["offset_ms"] * 1e6 + SHIFT_NS) < 1e6
+
+
+def test_partitions_alone_could_not_estimate_the_offset():
+    dataset = split(multi_host(), 13)
+    global_offsets = offsets_from_bounds([part_bounds(t) for t, _ in dataset])
+    assert [c.applied for c in global_offsets] == [True]
+    alone = [offsets_from_bounds([part_bounds(t)]) for t, _ in dataset]
+    assert any(not any(c.applied for c in offsets) for offsets in alone)
+    # analysing each partition with its own offsets gives another answer
+    parts = [analyze_part(t, own, offsets, "client", "exclusive")
+             for (t, own), offsets in zip(dataset, alone, strict=True)]
+    _, local = merge_parts(parts, global_offsets, trace=TRACE)
+    single = one_process(multi_host(), "client", "exclusive").summary.to_dict()
+    assert local.to_dict() != single
+
+
+# --- failures and data quality ------------------------------------------------------------
+
+
+def with_failures(table: pa.Table) -> pa.Table:
+    """Every 4th request's client span fails (shed, disconnected or timed out): more
+    failures of each kind than the examples kept, spread over the partitions."""
+    frame = table.to_pandas()
+    clients = np.flatnonzero(frame["stage"].to_numpy() == "client")
+    kinds = [{"outcome": "shed", "status_code": 429, "error": "HTTP 429: busy"},
+             {"outcome": "disconnected", "status_code": 200,
+              "error": "ConnectionError: the server closed the connection"},
+             {"status_code": None, "error": "timed out after 5 s"}]
+    attributes = frame["attributes"].to_numpy(dtype=object).copy()
+    for i, row in enumerate(clients[::4]):
+        attributes[row] = json.dumps(kinds[i % 3])
+    return table.set_column(table.schema.get_field_index("attributes"), "attributes",
+                            pa.array(attributes, pa.string()))
+
+
+@pytest.mark.parametrize("partitions", [2, 13])
+def test_failures_spread_over_partitions_merge_to_one_process(partitions):
+    table = with_failures(synthetic())
+    dataset = split(table, partitions)
+    owners = partition_rows(table, partitions).owner
+    failed = table.column("attributes").to_numpy(zero_copy_only=False) != "{}"
+    assert len(np.unique(owners[failed])) == partitions
+    for boundary, policy in SOME:
+        _, merged = in_partitions(dataset, boundary, policy)
+        single = one_process(table, boundary, policy).summary.to_dict()
+        m = merged.to_dict()
+        assert sum(single["failures"].values()) == 75
+        assert m["failures"] == single["failures"]
+        assert m["failure_examples"] == single["failure_examples"]
+        assert m["failed_first_token"] == single["failed_first_token"]
+        assert m == single, (partitions, boundary, policy)
+
+
+def defective_borrowed_rows(table: pa.Table, partitions: int) -> tuple[pa.Table, list[int]]:
+    """``table`` with two rows of a step trace that is copied into other partitions made
+    defective: a ``gpu`` span ending before it starts, a ``forward`` span without start."""
+    p = partition_rows(table, partitions)
+    copied = np.zeros(table.num_rows, bool)
+    copied[p.copy_rows] = True
+    stage = table.column("stage").to_numpy(zero_copy_only=False)
+    gpu = int(np.flatnonzero(copied & (stage == "gpu"))[0])
+    forward = int(np.flatnonzero(copied & (stage == "forward"))[-1])
+    frame = table.to_pandas()
+    frame.loc[gpu, "end_ns"] = frame.loc[gpu, "start_ns"] - 1_000
+    starts = pa.array(frame["start_ns"].to_numpy(), pa.int64(),
+                      mask=np.arange(len(frame)) == forward)
+    out = pa.Table.from_pandas(frame, schema=table.schema, preserve_index=False)
+    out = out.set_column(out.schema.get_field_index("start_ns"), "start_ns", starts)
+    return out, [gpu, forward]
+
+
+@pytest.mark.parametrize("partitions", [5, 13])
+def test_a_defect_in_a_borrowed_row_is_counted_once(partitions):
+    table, rows = defective_borrowed_rows(synthetic(), partitions)
+    p = partition_rows(table, partitions)
+    for row in rows:  # still copied somewhere after the damage
+        assert row in set(p.copy_rows.tolist()), row
+    dataset = split(table, partitions)
+    for boundary, policy in SOME:
+        merged_attr, merged = in_partitions(dataset, boundary, policy)
+        single = one_process(table, boundary, policy)
+        quality = single.summary.to_dict()["quality"]
+        assert quality["end_before_start"] == 1 and quality["missing_field"] == 1
+        assert merged.to_dict()["quality"] == quality, (partitions, boundary, policy)
+        assert merged_attr.quality.counts == single.attribution.quality.counts
+        assert merged.to_dict() == single.summary.to_dict()
+
+
+def test_the_examples_of_a_defect_name_the_same_spans():
+    """The examples the HTML report shows beside each defect are the one process's."""
+    table, _ = defective_borrowed_rows(synthetic(), 5)
+    merged, _ = in_partitions(split(table, 5), None, "exclusive")
+    single = one_process(table, None, "exclusive").attribution
+    assert merged.quality.examples == single.quality.examples
+
+
+# --- partition_rows invariants ------------------------------------------------------------
+
+
+def check_partitioning(table: pa.Table, partitions: int) -> None:
+    p = partition_rows(table, partitions)
+    frame = table.to_pandas()
+    owner = p.owner
+    assert owner.shape == (table.num_rows,)
+    assert owner.min(initial=0) >= 0 and owner.max(initial=0) < partitions
+    frame["owner"] = owner
+    # every trace, and every request (traces sharing a request id), in one partition
+    assert (frame.groupby("trace_id")["owner"].nunique() == 1).all()
+    assert (frame.dropna(subset=["request_id"]).groupby("request_id")["owner"]
+            .nunique() == 1).all()
+    # a copy goes to another partition, once, and whole traces that hold no request
+    pairs = set(zip(p.copy_rows.tolist(), p.copy_partitions.tolist(), strict=True))
+    assert len(pairs) == p.copy_rows.size
+    assert not (owner[p.copy_rows] == p.copy_partitions).any()
+    traces = frame["trace_id"].to_numpy(dtype=object)
+    request_traces = set(frame.dropna(subset=["request_id"])["trace_id"])
+    assert not request_traces & set(traces[p.copy_rows])
+    held: dict[int, set[int]] = {k: set(np.flatnonzero(owner == k)) for k in range(partitions)}
+    for row, k in pairs:
+        held[k].add(row)
+    rows_of = frame.groupby("trace_id").indices
+    for row, k in pairs:
+        assert set(rows_of[traces[row]]) <= held[k]
+    # every step trace a partition's chunks join is there, owned or borrowed
+    steps = frame["attributes"].map(lambda a: json.loads(a).get("step_id"))
+    gpu = frame[(frame["stage"] == "gpu") & steps.notna()]
+    gpu_traces = {}
+    for (service, step), trace in zip(zip(gpu["service"], steps[gpu.index], strict=True),
+                                      gpu["trace_id"], strict=True):
+        gpu_traces.setdefault((service, int(step)), set()).add(trace)
+    chunks = frame[(frame["stage"] == "prefill.chunk") & steps.notna()]
+    assert len(chunks) > 0
+    joined = 0
+    for i in chunks.index:
+        for trace in gpu_traces.get((frame.at[i, "service"], int(steps[i])), ()):
+            assert set(rows_of[trace]) <= held[int(owner[i])]
+            joined += 1
+    assert joined > 0
+
+
+@pytest.mark.parametrize("partitions", PARTITIONS)
+def test_partition_rows_keeps_requests_whole_and_their_steps_with_them(partitions):
+    check_partitioning(synthetic(), partitions)
+
+
+@settings(max_examples=20, deadline=None)
+@given(requests=st.integers(1, 60), seed=st.integers(0, 1_000),
+       partitions=st.integers(1, 17))
+def test_partition_rows_invariants_hold_for_any_trace(requests, seed, partitions):
+    check_partitioning(synthetic(requests, seed), partitions)
+
+
+def test_every_row_of_a_dataset_is_owned_once_across_partitions():
+    table = synthetic()
+    dataset = synthetic_split(13)
+    key = ["trace_id", "span_id", "name", "start_ns"]
+    original = table.to_pandas().sort_values(key).reset_index(drop=True)
+    back = own_rows(dataset).to_pandas().sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(original, back)
