@@ -18,11 +18,12 @@ BoundaryOption = Annotated[
 ]
 PolicyOption = Annotated[PolicyName, typer.Option(help="how overlapping spans share a segment")]
 TraceArgument = Annotated[
-    Path,
+    str,  # not Path: a dataset may be a URL (s3://...), which Path would fold to s3:/...
     typer.Argument(
         metavar="TRACE",
-        help="a trace: ttft Parquet (a file or a directory of parts), OTLP JSON Lines or "
-        "protobuf, Jaeger JSON, or Chrome trace JSON (PyTorch profiler)",
+        help="a trace: ttft Parquet (a file, a directory of parts or of runs, or a "
+        "partitioned dataset: a path or an fsspec URL), OTLP JSON Lines or protobuf, "
+        "Jaeger JSON, or Chrome trace JSON (PyTorch profiler)",
     ),
 ]
 FormatOption = Annotated[

@@ -28,7 +28,7 @@ def import_trace(
     directly; importing once saves parsing them again."""
     from ttft.collectors import write_trace
 
-    if out.resolve() == trace.resolve():
+    if out.resolve() == Path(trace).resolve():
         raise fail(f"{out}: the output would overwrite the input")
     started = time.perf_counter()
     table, metadata = load_trace(trace, format=format, mapping=mapping)

@@ -73,7 +73,8 @@ def _part_task(path: str, k: int, mapping: str | None, offsets: Sequence[ClockOf
 @contextmanager
 def dask_client(workers: int | None = None, scheduler: str | None = None) -> Iterator[Any]:
     """A ``distributed.Client``: on a ``LocalCluster`` of ``workers`` processes (one thread
-    each, on 127.0.0.1, no dashboard), or connected to the scheduler at ``scheduler``.
+    each, on 127.0.0.1; its status server on a free port, never a fixed one another
+    process may hold), or connected to the scheduler at ``scheduler``.
 
     Raises:
         DaskMissing: ``distributed`` is not installed.
@@ -88,7 +89,7 @@ def dask_client(workers: int | None = None, scheduler: str | None = None) -> Ite
             yield client
         return
     with LocalCluster(n_workers=workers or 1, threads_per_worker=1, processes=True,
-                      host="127.0.0.1", dashboard_address=None,
+                      host="127.0.0.1", dashboard_address="127.0.0.1:0",
                       silence_logs=40) as cluster, Client(cluster) as client:
         yield client
 
