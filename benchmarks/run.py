@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "prefill": ([], ["--lengths", "256", "1024", "--chunks", "256", "--repeats", "2"]),
     "storage": ([], ["--requests", "5000"]),
     "receiver": ([], ["--spans", "16384", "--rounds", "3"]),
+    "scale": ([], ["--quick"]),
 }
 
 

@@ -96,13 +96,19 @@ def dask_client(workers: int | None = None, scheduler: str | None = None) -> Ite
 
 def _gather(client: Any, function: Callable[..., Any], path: str, partitions: Sequence[int],
             *args: Any, on_done: Callable[[], None] | None = None) -> list[Any]:
+    """``function(path, k, *args)`` for every partition ``k``, one task each, results in
+    partition order. Each result is fetched as its task ends and its future released at
+    once, so a worker holds what it is computing, never every partition's result."""
     from distributed import as_completed
 
-    futures = [client.submit(function, path, k, *args, pure=False) for k in partitions]
-    for _ in as_completed(futures):
+    futures = {client.submit(function, path, k, *args, pure=False): k for k in partitions}
+    results: dict[int, Any] = {}
+    for future, result in as_completed(list(futures), with_results=True):
+        results[futures.pop(future)] = result
+        future.release()
         if on_done is not None:
             on_done()
-    return client.gather(futures)
+    return [results[k] for k in partitions]
 
 
 def analyze_dataset(path: str | os.PathLike[str], *, boundary: str | None = None,

@@ -36,7 +36,9 @@ def test_cpu_peaks_are_positive_and_within_the_budget():
     elapsed_s = time.perf_counter() - start
     check_figures(out, "cpu")
     assert out["matmul_dtype"] == "float32"
-    assert elapsed_s < 0.2 * 3, elapsed_s
+    # The budget bounds the measuring, not the wall clock of a busy machine: a guard
+    # against a run that ignores it, with room for a shared 2-core box.
+    assert elapsed_s < 0.2 * 15, elapsed_s
     assert out["measure_ns"] / 1e9 <= elapsed_s
 
 
