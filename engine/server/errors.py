@@ -82,7 +82,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
     metrics = request.app.state.ttft.metrics
-    metrics.requests.labels(status=STATUS_LABEL.get(exc.status, "error")).inc()
+    metrics.requests(STATUS_LABEL.get(exc.status, "error")).inc()
     return error_response(exc)
 
 

@@ -106,6 +106,8 @@ class Generation:
         try:
             async for ev in self.stream:
                 self._seen += 1
+                if self._seen > 1:
+                    self.metrics.itl.observe(max(0, ev.text_ns - self._last_ns) / 1e9)
                 self._last_ns = ev.text_ns
                 if last is None:
                     self._first_token(ev)
@@ -191,12 +193,15 @@ class Generation:
             return
         self._accounted = True
         m = self.metrics
-        m.requests.labels(status=status).inc()
+        m.requests(status).inc()
         m.e2e.observe((clock_ns() - self.received_ns) / 1e9)
         if last is not None:
             m.prompt_tokens.inc(last.usage.prompt_tokens)
             m.generation_tokens.inc(last.usage.completion_tokens)
             m.prefix_hits.inc(last.usage.cached_tokens)
+            tokens = max(last.usage.completion_tokens, self._seen)
+            if status == "ok" and tokens >= 2 and self._first_ns:
+                m.tpot.observe(max(0, self._last_ns - self._first_ns) / 1e9 / (tokens - 1))
 
 
 def _engine_stopped(e: EngineStopped) -> APIError:

@@ -68,7 +68,9 @@ def metrics(url: str) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+            labels = dict(s.labels)
+            assert labels.pop("model_name", None) == MODEL, s  # every metric names the model
+            out.setdefault(s.name, {})[tuple(sorted(labels.items()))] = s.value
     return out
 
 

@@ -121,7 +121,7 @@ def send(client: httpx.Client, url: str) -> tuple[float, str]:
 def metrics(client: httpx.Client, url: str) -> dict[str, float]:
     text = client.get(f"{url}/metrics").text
     return {s.name: s.value for family in text_string_to_metric_families(text)
-            for s in family.samples if not s.labels}
+            for s in family.samples if set(s.labels) == {"model_name"}}
 
 
 @pytest.fixture
