@@ -11,27 +11,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import platform
+import secrets
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from types import FrameType
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING, Any
 
 from ttft.collectors import loadgen, workloads
 from ttft.collectors._server_models import choose_model, server_models
+from ttft.collectors._trace_sink import SeenSink
 from ttft.collectors.workloads import WorkItem
 from ttft.collectors.writer import TraceWriter
 from ttft.tracer.schema import OUTCOME_OK
 
-__all__ = ["TraceRun", "TraceSpec", "build_workload", "server_models", "trace_server"]
+if TYPE_CHECKING:
+    from ttft.collectors.otlp_grpc import Collector
+
+__all__ = ["TraceRun", "TraceSpec", "build_workload", "server_models", "server_root",
+           "trace_server"]
 
 ARRIVALS = ("poisson", "constant")
 
@@ -42,7 +45,8 @@ class TraceSpec:
     ``replay`` chooses the arrivals; ``requests`` or ``duration_s`` how many there are.
 
     Attributes:
-        url: the server's base URL (``/v1/...`` is appended).
+        url: the server's root URL (``/v1/...`` is appended); a URL ending in ``/v1`` (the
+            openai client's ``base_url``) is taken as its root, see :func:`server_root`.
         model: the ``model`` field; None asks the server's ``/v1/models`` for its first.
         endpoint: ``completions`` or ``chat``.
         rate: arrivals per second (``arrival``: ``poisson`` or ``constant`` gaps).
@@ -55,7 +59,9 @@ class TraceSpec:
         output_tokens: ``max_tokens`` of every request.
         shared_prefix, prefix_tokens: P prefixes x S suffixes, each prefix this long.
         shared_fraction: the share of requests that take a shared prefix.
-        seed: for everything random.
+        seed: for everything random; None (the default) draws a fresh one per run, recorded
+            in the trace's metadata, so a second run against a warm server sends new
+            prompts instead of becoming prefix-cache hits.
         api_key: sent as ``Authorization: Bearer``; never written to the trace.
         timeout_s: the longest one request may take.
         receiver_host, receiver_port: where the OTLP/HTTP receiver listens (0: any port).
@@ -82,7 +88,7 @@ class TraceSpec:
     shared_prefix: tuple[int, int] | None = None
     prefix_tokens: int | None = None
     shared_fraction: float = 1.0
-    seed: int = 0
+    seed: int | None = None
     api_key: str | None = field(default=None, repr=False)
     timeout_s: float = 120.0
     receiver_host: str = "127.0.0.1"
@@ -108,6 +114,15 @@ class TraceSpec:
         if self.concurrency and self.duration_s is not None:
             raise ValueError("--concurrency runs a fixed number of requests: use --requests")
 
+    def is_cold(self) -> bool:
+        """True when no request is meant to reuse another's prefix (no shared prefixes, no
+        replay, whose rows may share them)."""
+        return self.shared_prefix is None and self.replay is None
+
+    def seeded(self) -> TraceSpec:
+        """This spec with ``seed`` fixed: a fresh random one where it is None."""
+        return self if self.seed is not None else replace(self, seed=secrets.randbits(31))
+
     def count(self) -> int | None:
         """The number of requests the arrivals give (None for a replay: the file's rows)."""
         if self.requests is not None:
@@ -119,6 +134,14 @@ class TraceSpec:
         return None
 
 
+def server_root(url: str) -> str:
+    """The server's root URL: ``url`` without trailing slashes and one trailing ``/v1``, so
+    ``http://h:8000/v1/`` (an openai client's ``base_url``) and ``http://h:8000`` name the
+    same server. Any other path (a proxy's prefix) is kept."""
+    root = url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
 def build_workload(spec: TraceSpec) -> list[WorkItem]:
     """The spec's requests with their arrival offsets and approximate-length prompts.
 
@@ -126,6 +149,7 @@ def build_workload(spec: TraceSpec) -> list[WorkItem]:
         ValueError: a bad option or a bad replay row. OSError: the replay file.
     """
     spec.check()
+    spec = spec.seeded()
     n = spec.count()
     if spec.replay:
         items = workloads.read_replay(spec.replay, scale_tokens=spec.scale_tokens,
@@ -157,6 +181,11 @@ class TraceRun:
         model: the model traced.
         exact_prompts: True when the server's tokenizer fitted every prompt exactly.
         prompt_lengths: how exact they are and why, as the run metadata says it.
+        seed: the seed the workload was drawn with (``--seed`` repeats the run's prompts).
+        cached: requests that came back with prompt tokens served from a prefix cache (the
+            usage's ``cached_tokens``, or the server's spans').
+        cold: True when the workload was meant to be cold (:meth:`TraceSpec.is_cold`): then
+            any ``cached`` request means the server had seen its prompt before.
         notes: what the user should know about the run, one line each: approximate prompt
             lengths and why, a model taken on trust because ``/v1/models`` listed none.
         server_spans: span rows the receiver stored.
@@ -170,6 +199,9 @@ class TraceRun:
     model: str
     exact_prompts: bool
     prompt_lengths: str
+    seed: int
+    cached: int
+    cold: bool
     notes: tuple[str, ...]
     server_spans: int
     joined: int
@@ -179,23 +211,6 @@ class TraceRun:
     @property
     def errors(self) -> int:
         return sum(1 for r in self.results if r.outcome != OUTCOME_OK)
-
-
-class _SeenSink:
-    """Forwards the receiver's rows to the writer and remembers which traces they joined."""
-
-    def __init__(self, writer: TraceWriter) -> None:
-        self.writer = writer
-        self.rows = 0
-        self.trace_ids: set[str] = set()
-        self.lock = threading.Lock()
-
-    def __call__(self, table: pa.Table) -> None:
-        self.writer.append(table, durable=True)  # acknowledged only once on disk
-        ids = pc.unique(table.column("trace_id")).to_pylist()
-        with self.lock:
-            self.rows += table.num_rows
-            self.trace_ids.update(ids)
 
 
 def _versions() -> dict[str, str]:
@@ -238,31 +253,40 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
 
     Raises:
         ValueError: a bad option. ConnectionError: the server is unreachable, has no such
-        model, or no model is known (no ``spec.model`` and no model list). OSError: the
-        receiver cannot bind, or ``out`` cannot be written.
+        model, or no model is known (no ``spec.model`` and no model list). OSError: a
+        receiver cannot bind (the message names the protocol and the address; no file is
+        written then), or ``out`` cannot be written.
         KeyboardInterrupt: Ctrl-C or SIGTERM, after the trace was closed.
     """
     started = time.perf_counter()
+    spec = spec.seeded()
+    url = server_root(spec.url)
     with _sigterm_as_interrupt():
         items = build_workload(spec)
-        model, models = choose_model(spec.url, spec.model, spec.api_key)
-        fit = asyncio.run(workloads.fit_prompts(spec.url, items, model=model,
+        model, models = choose_model(url, spec.model, spec.api_key)
+        fit = asyncio.run(workloads.fit_prompts(url, items, model=model,
                                                 api_key=spec.api_key))
         items = fit.items
         lengths = _prompt_lengths(fit)
         notes = tuple(([] if fit.exact else [f"prompt lengths {lengths}"])
                       + ([f"model {model!r} not checked: {models['error']}"]
                          if "error" in models else []))
-        writer = TraceWriter(out, metadata=_run_metadata(spec, model, models, fit), log=True)
-        sink = _SeenSink(writer)
-        receivers: list[Any] = []
+        sink = SeenSink()
+        receivers = _receivers(spec, sink)
+        receivers.start()  # a busy port fails here, naming itself, before any file exists
         try:
-            receivers.extend(_start_receivers(spec, sink))
-            endpoint = receivers[0].endpoint
+            writer = TraceWriter(out, metadata=_run_metadata(spec, model, models, fit), log=True)
+        except BaseException:
+            sink.attach(None)
+            receivers.stop()
+            raise
+        sink.attach(writer)
+        try:
+            endpoint = receivers.http_endpoint
             if on_start is not None:
                 on_start(len(items), endpoint)
             results = asyncio.run(loadgen.run(
-                spec.url, items, chat=spec.endpoint == "chat", model=model,
+                url, items, chat=spec.endpoint == "chat", model=model,
                 concurrency=spec.concurrency, warmup=spec.warmup, api_key=spec.api_key,
                 timeout_s=spec.timeout_s, writer=writer, on_sent=on_sent, on_result=on_result))
             if on_waiting is not None:
@@ -272,13 +296,16 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
             _wait_for_spans(sink, {r.trace_id for r in results if r.status_code == 200},
                             spec.span_wait_s)
         finally:
-            for receiver in receivers:
-                receiver.stop()
+            receivers.stop()
             writer.close()
     with sink.lock:
         joined = len({r.trace_id for r in results} & sink.trace_ids)
-    return TraceRun(Path(out), results, model, fit.exact, lengths, notes, sink.rows, joined,
-                    endpoint, time.perf_counter() - started)
+        cached = sum(1 for r in results
+                     if (r.cached_tokens or 0) > 0 or r.trace_id in sink.cached_ids)
+    assert spec.seed is not None
+    return TraceRun(Path(out), results, model, fit.exact, lengths, spec.seed, cached,
+                    spec.is_cold(), notes, sink.rows, joined, endpoint,
+                    time.perf_counter() - started)
 
 
 @contextlib.contextmanager
@@ -324,7 +351,7 @@ def _run_metadata(spec: TraceSpec, model: str, models: dict[str, Any],
     return {
         "command": "ttft trace",
         "arguments": arguments,
-        "server": {"url": spec.url, "model": model, "models": models},
+        "server": {"url": server_root(spec.url), "model": model, "models": models},
         "prompt_lengths": _prompt_lengths(fit),
         "prompt_tokenizer": fit.tokenizer,
         "versions": _versions(),
@@ -336,7 +363,7 @@ QUIET_S = 1.0
 """A run's spans are taken as complete once no span arrived for this long."""
 
 
-def _wait_for_spans(sink: _SeenSink, wanted: set[str], limit_s: float) -> None:
+def _wait_for_spans(sink: SeenSink, wanted: set[str], limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
     last_rows, last_change = -1, time.monotonic()
     while time.monotonic() < deadline:
@@ -350,19 +377,10 @@ def _wait_for_spans(sink: _SeenSink, wanted: set[str], limit_s: float) -> None:
         time.sleep(0.05)
 
 
-def _start_receivers(spec: TraceSpec, sink: _SeenSink) -> list[Any]:
-    from ttft.collectors.otlp_receiver import OTLPReceiver
+def _receivers(spec: TraceSpec, sink: SeenSink) -> Collector:
+    """The run's OTLP/HTTP receiver and, with ``receiver_grpc_port``, its OTLP/gRPC one, as
+    one :class:`~ttft.collectors.otlp_grpc.Collector` (whose ``start`` names a busy port)."""
+    from ttft.collectors.otlp_grpc import Collector
 
-    receivers: list[Any] = [OTLPReceiver(sink, host=spec.receiver_host, port=spec.receiver_port,
-                                         token=spec.receiver_token).start()]
-    if spec.receiver_grpc_port is not None:
-        from ttft.collectors.otlp_grpc import OTLPGrpcReceiver
-
-        try:
-            receivers.append(OTLPGrpcReceiver(sink, host=spec.receiver_host,
-                                              port=spec.receiver_grpc_port,
-                                              token=spec.receiver_token).start())
-        except BaseException:
-            receivers[0].stop()
-            raise
-    return receivers
+    return Collector(sink, host=spec.receiver_host, http_port=spec.receiver_port,
+                     grpc_port=spec.receiver_grpc_port, token=spec.receiver_token)

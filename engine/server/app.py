@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -96,7 +97,8 @@ def create_app(
     # the schema is served by a route behind the API key (routes.openapi), the docs not at all
     app = FastAPI(title="ttft", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ttft = ServerState(
-        engine, model_name, Metrics(), api_key, int(time.time()), stop_timeout_s
+        engine, model_name, Metrics(model_name, engine), api_key, int(time.time()),
+        stop_timeout_s
     )
     add_error_handlers(app)
     app.include_router(router)
@@ -113,11 +115,17 @@ def serve(
     model_name: str = "ttft-tiny",
     drain_s: float = 5.0,
     log_level: str = "info",
+    sock: socket.socket | None = None,
 ) -> None:
     """Serve ``engine`` with uvicorn until SIGINT/SIGTERM, tracing to ``exporters``.
 
     On a signal uvicorn stops accepting, lets live requests finish for at most ``drain_s``,
     runs the lifespan shutdown (the engine stops), then the tracer flushes its spans.
+
+    Args:
+        sock: a socket already bound (``ttft serve`` binds before it loads the model, so a
+            busy port fails at once); uvicorn listens on it and closes it. None: uvicorn
+            binds ``host``:``port`` itself.
     """
     import uvicorn
 
@@ -133,6 +141,6 @@ def serve(
             log_level=log_level,
             timeout_graceful_shutdown=max(1, round(drain_s)),
         )
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=None if sock is None else [sock])
     finally:
         tracing.shutdown()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -24,9 +25,62 @@ def _delays(values: list[str]) -> dict[str, float]:
     return out
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` as uvicorn binds one (``SO_REUSEADDR``, so a
+    restart right after a stop works; a port another server listens on still fails), with an
+    error naming the address when it cannot be."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise fail(f"cannot serve on {where}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _engine_modules() -> tuple[Any, Any]:
+    """``build_engine`` and ``serve`` of the reference server, or one line saying how to
+    install the engine's dependencies (PyTorch) when they are missing."""
+    try:
+        from ttft.engine.server import build_engine
+        from ttft.engine.server import serve as run_server
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise fail("ttft serve needs PyTorch, which is not installed: "
+                   "pip install 'ttft[engine]'") from None
+    return build_engine, run_server
+
+
 TRACE_OUT_FLUSH_S = 0.5
 """How often ``--trace-out`` writes the spans it holds as a part file (the tracer hands
 spans over at least every 0.5 s too)."""
+
+
+def _exporters(trace_out: Path | None, otlp_endpoint: str | None) -> list[Any]:
+    """The span exporters ``--trace-out`` and ``--otlp-endpoint`` ask for."""
+    exporters: list[Any] = []
+    if trace_out is not None:
+        from ttft.collectors.otel_exporter import ParquetSpanExporter
+
+        try:
+            # parts at least every TRACE_OUT_FLUSH_S, and one at once: a SIGKILL loses at
+            # most about a second of spans and always leaves a readable trace
+            exporters.append(ParquetSpanExporter(
+                trace_out, flush_interval_s=TRACE_OUT_FLUSH_S, initial_part=True))
+        except (OSError, ValueError) as exc:
+            raise fail(f"{trace_out}: cannot write a trace there ({exc})") from None
+    if otlp_endpoint is not None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        from ttft.tracer.export_log import OneLineFailures
+
+        # one line while no receiver listens (and one when it does), not one per batch
+        exporters.append(OneLineFailures(OTLPSpanExporter(endpoint=otlp_endpoint),
+                                         otlp_endpoint))
+    return exporters
 
 
 @app.command()
@@ -59,27 +113,15 @@ def serve(
     ] = None,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible HTTP API, traced: every
-    request's server, engine and forward spans go to --trace-out and/or --otlp-endpoint."""
-    from ttft.engine.server import build_engine
-    from ttft.engine.server import serve as run_server
+    request's server, engine and forward spans go to --trace-out and/or --otlp-endpoint.
 
-    exporters = []
-    if trace_out is not None:
-        from ttft.collectors.otel_exporter import ParquetSpanExporter
-
-        try:
-            # parts at least every TRACE_OUT_FLUSH_S, and one at once: a SIGKILL loses at
-            # most about a second of spans and always leaves a readable trace
-            exporters.append(ParquetSpanExporter(
-                trace_out, flush_interval_s=TRACE_OUT_FLUSH_S, initial_part=True))
-        except (OSError, ValueError) as exc:
-            raise fail(f"{trace_out}: cannot write a trace there ({exc})") from None
-    if otlp_endpoint is not None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        exporters.append(OTLPSpanExporter(endpoint=otlp_endpoint))
+    The port is bound first, so a busy one fails at once, before the model loads."""
     delays = _delays(inject_delay or [])
+    sock = _bind(host, port)
     try:
+        build_engine, run_server = _engine_modules()
+        exporters = _exporters(trace_out, otlp_endpoint)
+        err.print(f"loading model {model!r}", markup=False)
         engine = build_engine(
             model,
             device=device,
@@ -89,6 +131,12 @@ def serve(
             inject_delay_ms=delays,
         )
     except ValueError as exc:
+        sock.close()
         raise fail(str(exc)) from None
+    except BaseException:
+        sock.close()
+        raise
+    port = sock.getsockname()[1]  # the OS's pick for --port 0
     err.print(f"serving model {model!r} on http://{host}:{port}/v1 (Ctrl-C to stop)")
-    run_server(engine, host=host, port=port, api_key=api_key, exporters=exporters, model_name=model)
+    run_server(engine, host=host, port=port, api_key=api_key, exporters=exporters,
+               model_name=model, sock=sock)

@@ -26,7 +26,8 @@ def _range(value: str, option: str) -> tuple[int, int]:
 
 @app.command()
 def trace(
-    url: Annotated[str, typer.Argument(metavar="URL", help="the server, e.g. http://127.0.0.1:8000")],
+    url: Annotated[str, typer.Argument(
+        metavar="URL", help="the server, e.g. http://127.0.0.1:8000 (or its .../v1)")],
     out: Annotated[Path, typer.Option("-o", "--out", help="trace file to write (.parquet)")],
     model: Annotated[
         str | None, typer.Option(help="model to ask for (default: the server's first)")
@@ -61,7 +62,9 @@ def trace(
     shared_fraction: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="share of requests with a shared prefix")
     ] = 1.0,
-    seed: Annotated[int, typer.Option(help="seed for everything random")] = 0,
+    seed: Annotated[int | None, typer.Option(
+        help="seed for everything random (default: a fresh one per run, so a second run "
+        "against a warm server does not hit its prefix cache)")] = None,
     api_key: Annotated[
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for the server")
     ] = None,
@@ -105,7 +108,8 @@ def trace(
         except (ValueError, ConnectionError) as exc:  # may quote a server's body: fail
             raise fail(str(exc)) from None  # prints it as plain text
         except OSError as exc:
-            raise fail(f"{exc.strerror or exc} ({exc.filename or 'receiver or output'})") from None
+            where = f"{exc.filename}: " if exc.filename else ""  # a busy port names itself
+            raise fail(f"{where}{exc.strerror or exc}") from None
     lengths = run.prompt_lengths.partition(" (")[0]  # exact, mostly exact or approximate
     err.print(
         plain(
@@ -128,3 +132,8 @@ def trace(
             )
         )
     print_summary(analyze_trace(out), as_json=as_json)
+    if run.cold and run.cached:  # last, where it is seen: the numbers above are not cold
+        err.print(plain(
+            f"{run.cached} of {len(run.results)} requests of a cold workload came back with "
+            f"cached prompt tokens: the server had seen these prompts (seed {run.seed}) "
+            "before; this is not a cold run", "yellow"), soft_wrap=True)
