@@ -1,8 +1,8 @@
 """Take the README's screenshot of a report: the top of the page (headline and stage
-stacks) in headless Chromium, as a PNG.
+stacks, down to the stage chart's bottom edge) in headless Chromium, as a PNG.
 
-    ttft demo -o /tmp/ttft-demo
-    python docs/screenshot.py /tmp/ttft-demo/report.html docs/report.png
+    ttft synth -o /tmp/s.parquet --requests 400 && ttft report /tmp/s.parquet -o /tmp/r.html
+    python docs/screenshot.py /tmp/r.html docs/report.png
 
 Needs Playwright (``pip install -e '.[dev]'``) and Debian's ``chromium`` (or set
 ``TTFT_CHROMIUM`` to a Chromium executable).
@@ -24,7 +24,9 @@ def main() -> int:
     parser.add_argument("report", type=Path, help="an HTML report written by ttft report -o")
     parser.add_argument("out", type=Path, help="PNG to write")
     parser.add_argument("--width", type=int, default=1200)
-    parser.add_argument("--height", type=int, default=860, help="pixels from the page top")
+    parser.add_argument(
+        "--height", type=int, help="pixels from the page top (default: to the stage chart's end)"
+    )
     args = parser.parse_args()
     chromium = os.environ.get("TTFT_CHROMIUM") or shutil.which("chromium")
     if chromium is None:
@@ -33,10 +35,15 @@ def main() -> int:
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": args.width, "height": args.height})
+        page = browser.new_page(viewport={"width": args.width, "height": 900})
         page.goto(args.report.resolve().as_uri(), wait_until="load")
         page.wait_for_timeout(500)
-        page.screenshot(path=str(args.out), full_page=False)
+        height = args.height or page.evaluate(
+            "() => document.getElementById('stage-bars').closest('.panel')"
+            ".getBoundingClientRect().bottom + 12"
+        )
+        clip = {"x": 0, "y": 0, "width": args.width, "height": height}
+        page.screenshot(path=str(args.out), clip=clip, full_page=True)
         browser.close()
     size = args.out.stat().st_size
     print(f"wrote {args.out}: {size / 1000:.0f} kB")

@@ -11,7 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ttft.reports._colours import colour
-from ttft.reports.report_data import ReportData, Waterfall, lane_order
+from ttft.reports.report_data import FIT_MIN_R2, ReportData, Waterfall, clock_kind, lane_order
 from ttft.tracer.schema import BOUNDARY_EVENTS, STAGE_BY_NAME, STAGE_NAMES
 
 _PATTERN = {"client": "", "host": "/", "gpu": "x"}
@@ -19,9 +19,25 @@ _CONDITION_DASH = {"all": "dot", "cold": "solid", "prefix_hit": "dash"}
 _LAYOUT = dict(
     template="plotly_white",
     font=dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=13),
-    margin=dict(l=70, r=30, t=70, b=60),
+    margin=dict(l=70, r=30, t=80, b=60),
     legend=dict(traceorder="normal"),
+    # Axes grow their margins to fit tick labels and titles instead of cutting them.
+    xaxis=dict(automargin=True),
+    yaxis=dict(automargin=True),
 )
+# A horizontal legend at the bottom of the figure, below the axis title (not over it).
+_BELOW = dict(orientation="h", x=0, xanchor="left", yref="container", y=0, yanchor="bottom")
+# Waterfall event labels are laid out for the narrowest plot area (on a 900 px page), at
+# one 10 px character's width, tried at these vertical offsets in turn, on lanes this high.
+_PLOT_PX, _LABEL_PX, _SHIFTS_PX, _LANE_PX = 600, 6.5, (0, 16, -16), 48
+
+
+def _title(what: str, detail: str = "") -> dict:
+    """A title that fits a 900 px page: the headline, and its detail as a smaller subtitle."""
+    title = dict(text=what, x=0.01, xanchor="left")
+    if detail:
+        title["subtitle"] = dict(text=detail, font=dict(size=12))
+    return title
 
 
 def _stage_order(stages) -> list[str]:
@@ -36,16 +52,22 @@ def _meaning(stage: str) -> str:
 
 def stage_bars(data: ReportData) -> go.Figure:
     """Stacked bars: mean attributed ms per stage of the requests near p50, p90, p99 and
-    of the tail, per condition; each stack sums to its band's mean TTFT."""
+    of the tail, per condition; each stack sums to its band's mean TTFT.
+
+    plotly orders each condition's bands by where a band label was first seen on the axis,
+    so the labels are the same in every condition (an ``n=`` in them would shuffle the
+    bands); the request counts are written at the mean-TTFT marks instead.
+    """
     fig = go.Figure()
-    x_group, x_band, totals = [], [], []
+    x_group, x_band, totals, counts = [], [], [], []
     stages: set[str] = set()
     for group, bands in data.bands.items():
         stages.update(c for c in bands.columns if c not in ("requests", "ttft_ms"))
         for band, row in bands.iterrows():
-            x_group.append(data.group_label[group])
-            x_band.append(f"{band}<br>n={int(row['requests'])}")
+            x_group.append(data.group_label[group].replace(" (", "<br>("))
+            x_band.append(str(band).replace(" ", "<br>", 1))  # "tail<br>≥ p99": narrow
             totals.append(row["ttft_ms"])
+            counts.append(int(row["requests"]))
     for stage in _stage_order(stages):
         y = [
             float(bands.loc[band, stage]) if stage in bands.columns else 0.0
@@ -63,20 +85,31 @@ def stage_bars(data: ReportData) -> go.Figure:
         x=[x_group, x_band],
         y=totals,
         mode="markers+text",
-        text=[f"{t:,.1f}" for t in totals],
+        text=[  # short enough to sit above a bar at 900 px
+            f"{t:,.0f}<br>n={n:,}" if t >= 100 else f"{t:.3g}<br>n={n:,}"
+            for t, n in zip(totals, counts, strict=True)
+        ],
         textposition="top center",
+        textfont=dict(size=10),
+        cliponaxis=False,
         marker=dict(symbol="line-ew", size=18, color="#111", line=dict(width=2)),
-        name="mean TTFT",
-        hovertemplate="mean TTFT %{y:,.2f} ms<extra></extra>",
+        name="band mean TTFT",
+        customdata=counts,
+        hovertemplate="mean TTFT %{y:,.2f} ms of %{customdata:,} requests<extra></extra>",
     )
     fig.update_layout(
         _LAYOUT,
         barmode="stack",
-        title=f"Where TTFT goes at the {data.attribution.boundary} boundary: mean attributed "
-        "ms per stage of the requests near each percentile",
-        yaxis_title="attributed time (ms)",
-        xaxis_title="requests near TTFT percentile (n = requests in the band)",
-        height=520,
+        title=_title(
+            f"Where TTFT goes at the {data.attribution.boundary} boundary",
+            "mean attributed ms per stage of the requests near each TTFT percentile",
+        ),
+        yaxis=dict(title="attributed time (ms)", range=[0, 1.18 * max(totals, default=1)]),
+        xaxis=dict(
+            title="requests near TTFT percentile (mark: their mean TTFT ms, n requests)",
+            tickangle=0,  # the band labels fit level at 900 px; plotly would turn them
+        ),
+        height=540,
     )
     return fig
 
@@ -98,7 +131,7 @@ def ttft_cdf(data: ReportData) -> go.Figure:
         )
     fig.update_layout(
         _LAYOUT,
-        title=f"TTFT distribution at the {data.attribution.boundary} boundary (CDF)",
+        title=_title(f"TTFT distribution at the {data.attribution.boundary} boundary (CDF)"),
         xaxis_title="TTFT (ms)",
         yaxis_title="fraction of requests with TTFT ≤ x",
         yaxis_range=[0, 1.02],
@@ -114,14 +147,15 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
     spans = w.spans
     for stage in _stage_order(set(spans["stage"])):
         part = spans[spans["stage"] == stage]
-        kinds = [_kind(c) for c in part["clock"]]
         fig.add_bar(
             y=part["lane"],
             x=(part["end_ms"] - part["start_ms"]).clip(lower=1e-3),
             base=part["start_ms"],
             orientation="h",
             name=stage,
-            marker=dict(color=colour(stage), pattern_shape=[_PATTERN[k] for k in kinds]),
+            marker=dict(
+                color=colour(stage), pattern_shape=[_PATTERN[clock_kind(c)] for c in part["clock"]]
+            ),
             customdata=np.stack(
                 [part["name"], part["clock"], part["end_ms"] - part["start_ms"]], axis=1
             ),
@@ -132,6 +166,10 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
     lo, hi = w.window_ms
     fig.add_vrect(x0=lo, x1=hi, fillcolor="#ffd166", opacity=0.15, line_width=0, layer="below")
     order = lane_order(spans["lane"])
+    x_range = [
+        min(lo, float(spans["start_ms"].min()) if len(spans) else lo) - 0.02 * hi,
+        1.12 * hi,
+    ]
     if w.events:
         first_lane = {}
         for lane in order:
@@ -142,13 +180,7 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
         fig.add_scatter(
             x=[t for _, _, t in w.events],
             y=ys,
-            mode="markers+text",
-            text=[name for name, _, _ in w.events],
-            # Events of one lane alternate above and below, so near ones stay legible.
-            textposition=[
-                ("top left", "bottom left")[ys[:i].count(y) % 2] for i, y in enumerate(ys)
-            ],
-            textfont=dict(size=10),
+            mode="markers",
             marker=dict(
                 symbol="diamond",
                 size=10,
@@ -156,33 +188,77 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
                 line=dict(color="#fff", width=1),
             ),
             name="events",
+            text=[name for name, _, _ in w.events],
             customdata=[clock for _, clock, _ in w.events],
             hovertemplate="<b>%{text}</b> at %{x:,.3f} ms (clock %{customdata})<extra></extra>",
         )
+        for (name, _, t_ms), y, (shift, right) in zip(
+            w.events, ys, _label_places(w.events, ys, x_range), strict=True
+        ):
+            fig.add_annotation(
+                x=t_ms,
+                y=y,
+                text=name,
+                showarrow=False,
+                font=dict(size=10),
+                bgcolor="rgba(255,255,255,0.75)",
+                xanchor="right" if right else "left",
+                xshift=-6 if right else 6,
+                yshift=shift,
+            )
     fig.add_vline(x=hi, line=dict(color="#d00000", width=1.5, dash="dot"))
     cond = w.condition or "condition unknown"
     fig.update_layout(
         _LAYOUT,
-        title=f"The {w.label} request: TTFT {w.ttft_ms:,.2f} ms ({cond}), trace {w.trace_id[:12]}…",
+        title=_title(
+            f"The {w.label} request: TTFT {w.ttft_ms:,.2f} ms ({cond})",
+            f"trace {w.trace_id[:12]}…",
+        ),
         xaxis_title=f"ms from the start of the {boundary} window (shaded)",
         yaxis=dict(categoryorder="array", categoryarray=order[::-1], title="clock · lane"),
         # Focus on the window; spans running on past it (to the last byte) are cut off.
-        xaxis_range=[
-            min(lo, float(spans["start_ms"].min()) if len(spans) else lo) - 0.02 * hi,
-            1.12 * hi,
-        ],
+        xaxis_range=x_range,
         barmode="overlay",
-        height=max(360, 190 + 24 * len(order)),
-        legend=dict(orientation="h", y=-0.18, x=0),
-        margin=dict(l=170, r=30, t=60, b=60),
+        margin_l=170,
+        **_legend_below(fig, max(300, 150 + _LANE_PX * len(order))),
     )
     return fig
 
 
-def _kind(clock: str) -> str:
-    if clock == "client":
-        return "client"
-    return "gpu" if clock.startswith("gpu:") else "host"
+def _label_places(
+    events: list[tuple[str, str, float]], ys: list[str], x_range: list[float]
+) -> list[tuple[int, bool]]:
+    """``(vertical offset px, ends at its marker)`` per event label: a label on the right
+    part of the axis ends at its marker (to stay inside), and its offset is the first of
+    `_SHIFTS_PX` at which it clears every earlier label of its lane at that offset."""
+    ms_per_px = (x_range[1] - x_range[0]) / _PLOT_PX
+    taken: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    places: dict[int, tuple[int, bool]] = {}
+    for i in sorted(range(len(events)), key=lambda i: events[i][2]):
+        name, _, t_ms = events[i]
+        width_ms = (len(name) * _LABEL_PX + 8) * ms_per_px
+        right = t_ms > x_range[0] + 0.6 * (x_range[1] - x_range[0])
+        box = (t_ms - width_ms, t_ms) if right else (t_ms, t_ms + width_ms)
+        for shift in _SHIFTS_PX:
+            boxes = taken.setdefault((ys[i], shift), [])
+            if all(box[1] <= a or box[0] >= b for a, b in boxes):
+                break
+        boxes.append(box)
+        places[i] = (shift, right)
+    return [places[i] for i in range(len(events))]
+
+
+def _legend_below(fig: go.Figure, height_px: int) -> dict:
+    """Layout that puts ``fig``'s legend under its x axis title (as a page 900 px wide
+    lays it out in rows), the figure ``height_px`` tall plus the legend."""
+    rows, used = 1, 0
+    for trace in fig.data:
+        item = 50 + int(len(trace.name or "") * 7.2)
+        if used and used + item > 820:
+            rows, used = rows + 1, 0
+        used += item
+    legend_px = 24 * rows + 8
+    return dict(legend=_BELOW, margin_b=60 + legend_px, height=height_px + legend_px)
 
 
 def blame(data: ReportData) -> go.Figure | None:
@@ -214,11 +290,13 @@ def blame(data: ReportData) -> go.Figure | None:
     fig.update_layout(
         _LAYOUT,
         barmode="stack",
-        title="Wait blame: what the engine executed while requests waited (mean ms per request)",
+        title=_title(
+            "Wait blame", "what the engine executed while requests waited (mean ms per request)"
+        ),
         xaxis_title="mean wait per request (ms)",
         yaxis=dict(autorange="reversed"),
         height=max(300, 110 + 40 * len(labels)),
-        margin=dict(l=230, r=30, t=70, b=60),
+        margin_l=230,
     )
     return fig
 
@@ -240,7 +318,7 @@ def prefill_scaling(data: ReportData) -> go.Figure | None:
             marker=dict(size=6, opacity=0.6),
             hovertemplate="%{x:,} tokens computed<br>%{y:,.2f} ms<extra></extra>",
         )
-        fit = data.prefill_fits.get(cond)
+        fit = data.explaining_fits.get(cond)
         if fit is None:
             continue
         n = np.linspace(part["computed_tokens"].min(), part["computed_tokens"].max(), 100)
@@ -255,11 +333,14 @@ def prefill_scaling(data: ReportData) -> go.Figure | None:
         )
     fig.update_layout(
         _LAYOUT,
-        title="Prefill compute time (the request's own chunks) vs prompt tokens computed",
+        title=_title(
+            "Prefill compute time vs prompt tokens computed",
+            "the request's own chunks; fits drawn where R² ≥ "
+            f"{FIT_MIN_R2:g}, over the lengths measured only",
+        ),
         xaxis_title="prompt tokens computed (prompt − cached)",
         yaxis_title="prefill compute (ms)",
-        legend=dict(orientation="h", y=-0.25),
-        height=480,
+        **_legend_below(fig, 440),
     )
     return fig
 
@@ -311,10 +392,9 @@ def roofline(data: ReportData) -> go.Figure | None:
     device = peaks.device if peaks is not None else found.device_name or "unknown device"
     fig.update_layout(
         _LAYOUT,
-        title=f"Prefill chunks on the roofline of {device}",
+        title=_title(f"Prefill chunks on the roofline of {device}"),
         xaxis=dict(type="log", title="arithmetic intensity (FLOP per byte moved)"),
         yaxis=dict(type="log", title="achieved TFLOP/s"),
-        legend=dict(orientation="h", y=-0.22),
-        height=480,
+        **_legend_below(fig, 440),
     )
     return fig

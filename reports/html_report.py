@@ -1,5 +1,9 @@
 """The self-contained HTML latency report: one file, plotly's JavaScript inlined, no network.
 
+The JavaScript is plotly's basic bundle (scatter and bar traces, the only ones the report
+draws), vendored as ``assets/plotly-basic.min.js`` at the plotly.js version the installed
+plotly package bundles (`PLOTLY_JS_VERSION`), and inlined once per page.
+
 Every string that comes from the trace (span names, metadata, paths) is HTML-escaped, and
 figure data is JSON that cannot close its ``<script>`` element, so a hostile trace cannot
 inject markup into the page.
@@ -8,20 +12,26 @@ inject markup into the page.
 from __future__ import annotations
 
 import html
-import json
 from datetime import datetime, timezone
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
 
 from ttft.analysis.quality import MEANING
 from ttft.reports import _figures
 from ttft.reports._colours import colour
-from ttft.reports.report_data import ReportData
+from ttft.reports.regime_view import RegimeResult
+from ttft.reports.report_data import FIT_MIN_R2, ReportData, metadata_rows
 
+PLOTLY_JS_VERSION = "4.1.1"
+"""The plotly.js version of the vendored bundle: the one ``plotly.offline.get_plotlyjs_version``
+of the plotly package the report is built with returns (a test pins the two together). To
+move it, ``npm pack plotly.js-basic-dist-min@VERSION`` and copy the tarball's
+``plotly-basic.min.js`` and ``LICENSE`` into ``assets/``."""
 _CONFIG = {"displaylogo": False, "responsive": True}
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
@@ -31,6 +41,7 @@ h1 { margin: 0 0 4px; font-size: 26px; } h2 { margin: 32px 0 8px; font-size: 20p
 .sub { color: #52606d; margin-bottom: 18px; }
 .cards { display: flex; flex-wrap: wrap; gap: 14px; }
 .card { background: #fff; border-radius: 10px; padding: 14px 18px; min-width: 250px;
+        box-sizing: border-box;
         box-shadow: 0 1px 3px rgba(0,0,0,.12); flex: 1; }
 .card h3 { margin: 0 0 6px; font-size: 15px; color: #52606d; font-weight: 600; }
 .big { font-size: 28px; font-weight: 700; } .unit { font-size: 14px; color: #52606d; }
@@ -46,7 +57,10 @@ td.text { text-align: left; } tr.total td { font-weight: 700; border-top: 2px so
 .note { color: #52606d; font-size: 13px; margin: 6px 0 0; }
 .ok { color: #2f8132; } .warn { color: #b44d12; }
 .failures { color: #b3261e; font-weight: 600; margin-bottom: 4px; }
-pre { background: #fff; padding: 12px; border-radius: 8px; overflow-x: auto; font-size: 12px; }
+table.meta { table-layout: fixed; } table.meta th, table.meta td { text-align: left; }
+table.meta td:first-child { width: 32%; font-family: ui-monospace, monospace; }
+table.meta td { overflow-wrap: anywhere; white-space: pre-wrap; vertical-align: top; }
+.load div { margin-bottom: 4px; }
 """
 
 
@@ -88,7 +102,45 @@ def _headline(data: ReportData) -> str:
             f'<div class="pcts"><span>p90 <b>{_ms(ttft["p90"])}</b> ms</span>'
             f"<span>p99 <b>{_ms(ttft['p99'])}</b> ms</span></div>{big}</div>"
         )
-    return f'<div class="cards">{"".join(cards)}</div>'
+    return f'<div class="cards">{"".join(cards)}{_load(data)}</div>'
+
+
+def _load(data: ReportData) -> str:
+    """A headline card of the summary's ``load`` and ``goodput``, each where it has them
+    (a figure it lacks, None, is left out)."""
+    summary = data.summary.to_dict()
+    load, good = summary.get("load") or {}, summary.get("goodput") or {}
+    if not load and not good:
+        return ""
+    lines = []
+    if load.get("requests_per_s") is not None:
+        lines.append(
+            f'<span class="big">{load["requests_per_s"]:,.3g}</span> <span class="unit">'
+            f"requests/s · {load['requests']:,} completed in {load['duration_s']:,.3g} s</span>"
+        )
+    if load.get("output_tokens_per_s") is not None:
+        lines.append(f"output <b>{load['output_tokens_per_s']:,.4g}</b> tokens/s")
+    e2e = load.get("e2e_ms")
+    if e2e:
+        lines.append(
+            f"end to end p50 <b>{_ms(e2e['p50'])}</b> ms · p99 <b>{_ms(e2e['p99'])}</b> ms"
+        )
+    if good:
+        slo = ", ".join(f"{k.removesuffix('_ms')} ≤ {v:,.4g} ms" for k, v in good["slo"].items())
+        rate = f", {good['per_s']:,.3g}/s" if good.get("per_s") is not None else ""
+        lines.append(
+            f"goodput <b>{good['share']:.1%}</b> ({good['requests']:,} requests{rate}) "
+            f"meet {_e(slo)}"
+        )
+    body = "".join(f"<div>{line}</div>" for line in lines)
+    return f'<div class="card load"><h3>load</h3>{body}</div>'
+
+
+def _rows(rows: list[tuple[str, str]], head: str = "", attrs: str = "") -> str:
+    """A key / value table (class ``meta``: long values wrap); ``head`` and ``attrs`` are
+    markup (a header row, the table's attributes)."""
+    body = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows)
+    return f'<table class="meta"{attrs}>{head}{body}</table>'
 
 
 def _failures(failures: dict[str, int], ok: int) -> str:
@@ -171,8 +223,46 @@ def _regime_table(data: ReportData) -> str:
     return (
         "<table><tr><th>condition</th><th>chunk tokens</th><th>chunks</th>"
         "<th>median FLOP/B</th><th>bound</th><th>of roofline</th><th>achieved GFLOP/s</th>"
-        f'</tr>{"".join(rows)}</table><p class="note">{where}</p>'
+        f'</tr>{"".join(rows)}</table><p class="note">{where}</p>{_above_roofline(found)}'
     )
+
+
+def _above_roofline(found: RegimeResult) -> str:
+    """A warning when a row ran above 100% of its roofline: the peaks understate what the
+    device did, so every fraction and bound drawn from them is unreliable."""
+    over = found.summary[found.summary["roofline_fraction"] > 1]
+    if found.peaks is None or over.empty:
+        return ""
+    return (
+        f'<p class="warn">Peaks unreliable: {len(over):,} of {len(found.summary):,} rows of '
+        "the table ran above 100% of the roofline (up to "
+        f"{over['roofline_fraction'].max():.0%}), which no device can. The peaks "
+        f"({_e(found.peaks.source)}) are lower than what the chunks achieved, or the model "
+        "config overstates their FLOPs or understates their bytes (a wrong dtype, head count "
+        "or device), so the fractions and bounds above cannot be trusted: pass --peak-tflops "
+        "and --peak-bandwidth-gbs, or the model's --model-config, to correct them.</p>"
+    )
+
+
+def _fits(data: ReportData) -> str:
+    """What the prefill scaling figure draws of each condition's fit, and why a fit is left
+    out."""
+    notes = []
+    for cond, fit in data.prefill_fits.items():
+        if fit.r2 >= FIT_MIN_R2:
+            part = data.prefill_points[data.prefill_points["condition"] == cond]
+            tokens = part["computed_tokens"]
+            notes.append(
+                f"{_e(cond)}: the fit (R² {fit.r2:.3f}, {fit.points:,} requests) is drawn "
+                f"over the {tokens.min():,}–{tokens.max():,} tokens measured only."
+            )
+        else:
+            notes.append(
+                f"{_e(cond)}: no fit drawn: a + b·n + c·n² explains only R² {fit.r2:.3f} of "
+                f"the variance of {fit.points:,} requests (under {FIT_MIN_R2:g}), so it would "
+                "not describe these times."
+            )
+    return "".join(f'<p class="note">{n}</p>' for n in notes)
 
 
 def _quality(data: ReportData) -> str:
@@ -205,8 +295,16 @@ def _quality(data: ReportData) -> str:
 
 
 def _metadata(data: ReportData) -> str:
-    text = json.dumps(data.metadata, indent=2, sort_keys=True, default=str)
-    return f"<pre>{_e(text)}</pre>"
+    rows = metadata_rows(data.metadata)
+    if not rows:
+        return '<p class="note">The trace has no run metadata.</p>'
+    return _rows(rows, "<tr><th>key</th><th>value</th></tr>", ' id="metadata"')
+
+
+@cache
+def plotly_js() -> str:
+    """The vendored plotly.js basic bundle (read once per process)."""
+    return files("ttft.reports").joinpath("assets/plotly-basic.min.js").read_text("utf-8")
 
 
 def _version() -> str:
@@ -256,6 +354,7 @@ def render_html(data: ReportData) -> str:
             "prefill-scaling",
             "No prefill.chunk spans with chunk_tokens in this trace.",
         ),
+        _fits(data),
         "<h2>Prefill regime</h2>",
         _figure(_figures.roofline(data), "roofline", _regime_missing(data)),
         _regime_table(data),
@@ -266,7 +365,7 @@ def render_html(data: ReportData) -> str:
         "<h2>Run metadata</h2>",
         _metadata(data),
     ]
-    script = get_plotlyjs()
+    script = plotly_js()
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>ttft report: {_e(Path(data.trace).name)}</title>"

@@ -7,6 +7,8 @@ only lay the results out.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +28,8 @@ _NS_PER_MS = 1e6
 MAX_WATERFALL_SPANS = 400
 """Spans drawn per waterfall at most (the request's own first, then engine steps)."""
 CHOSEN = ("median", "p99", "slowest")
+FIT_MIN_R2 = 0.9
+"""A prefill fit is drawn only when it explains at least this share of the variance."""
 
 
 @dataclass
@@ -72,6 +76,39 @@ class ReportData:
         conds = [g for g in self.groups if g != "all"]
         label = "all requests" + (f" (mixes {' and '.join(conds)})" if len(conds) > 1 else "")
         return {g: label if g == "all" else g for g in self.groups}
+
+    @property
+    def explaining_fits(self) -> dict[str, QuadraticFit]:
+        """The prefill fits worth drawing: those with ``r2 >= FIT_MIN_R2``."""
+        return {c: f for c, f in self.prefill_fits.items() if f.r2 >= FIT_MIN_R2}
+
+
+def metadata_rows(metadata: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """Run metadata as ``(key, value)`` text rows, sorted by key.
+
+    Nested mappings are flattened into dotted keys (``model_config.hidden_size``), as are
+    lists of mappings (``inputs.0.path``); strings stay as they are, other lists are joined
+    with ``, `` and every other value (an empty mapping too) is its JSON text.
+    """
+    rows: list[tuple[str, str]] = []
+    for key in sorted(metadata, key=str):
+        value, name = metadata[key], f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            rows.extend(metadata_rows(value, f"{name}."))
+        elif (
+            isinstance(value, list | tuple) and value and all(isinstance(v, Mapping) for v in value)
+        ):
+            for i, item in enumerate(value):
+                rows.extend(metadata_rows(item, f"{name}.{i}."))
+        elif isinstance(value, list | tuple):
+            rows.append((name, ", ".join(_text(v) for v in value)))
+        else:
+            rows.append((name, _text(value)))
+    return rows
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
 
 def build_report(analysis: Analysis, *, regime: RegimeResult | None = None) -> ReportData:
@@ -219,7 +256,8 @@ def _waterfall(
     )
 
 
-def _clock_kind(clock: str) -> str:
+def clock_kind(clock: str) -> str:
+    """``client``, ``gpu`` (a ``gpu:`` clock) or ``host`` (any other server clock)."""
     if clock == "client":
         return "client"
     return "gpu" if clock.startswith("gpu:") else "host"
@@ -254,6 +292,6 @@ def lane_order(lanes: pd.Series) -> list[str]:
 
     def key(label: str) -> tuple[int, str, int]:
         clock, _, n = label.rpartition(" · ")
-        return (_KIND_ORDER[_clock_kind(clock)], clock, int(n))
+        return (_KIND_ORDER[clock_kind(clock)], clock, int(n))
 
     return sorted(set(lanes), key=key)
