@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.summary import PERCENTILES
+from ttft.analysis.summary import PERCENTILES, Summary
 from ttft.tracer.schema import CONDITIONS, OUTCOMES, STAGE_NAMES
 
 _NS_PER_MS = 1e6
@@ -123,6 +123,35 @@ def compare(
     if not frames:
         return _empty()
     return pd.concat(frames, ignore_index=True)
+
+
+_LOAD_METRICS = (
+    ("requests_per_s", "requests/s", lambda s: s.load and s.load["requests_per_s"]),
+    ("output_tokens_per_s", "tokens/s", lambda s: s.load and s.load["output_tokens_per_s"]),
+    ("e2e_p50", "ms", lambda s: s.load and s.load["e2e_ms"] and s.load["e2e_ms"]["p50"]),
+    ("e2e_p99", "ms", lambda s: s.load and s.load["e2e_ms"] and s.load["e2e_ms"]["p99"]),
+    ("goodput_share", "fraction", lambda s: s.goodput and s.goodput["share"]),
+    ("goodput_per_s", "requests/s", lambda s: s.goodput and s.goodput["per_s"]),
+)
+
+
+def compare_load(a: Summary, b: Summary) -> pd.DataFrame:
+    """Load and goodput of two summaries side by side (``Summary.load``, ``goodput``): one
+    row per figure either has (``metric``, ``unit``, ``a``, ``b``, ``delta`` = b - a,
+    ``delta_pct`` of a), NaN where a summary lacks it (no client span, no SLOs given).
+
+    Raises:
+        ValueError: the summaries' goodput is against different SLOs.
+    """
+    if a.goodput and b.goodput and a.goodput["slo"] != b.goodput["slo"]:
+        raise ValueError("the two summaries' goodput is against different SLOs")
+    rows = []
+    for metric, unit, get in _LOAD_METRICS:
+        va, vb = (np.nan if (v := get(s)) is None else float(v) for s in (a, b))
+        if np.isnan(va) and np.isnan(vb):
+            continue
+        rows.append((metric, unit, va, vb, vb - va, (vb - va) / va * 100 if va else np.nan))
+    return pd.DataFrame(rows, columns=["metric", "unit", "a", "b", "delta", "delta_pct"])
 
 
 def regressions(table: pd.DataFrame, max_regression_pct: float) -> pd.DataFrame:

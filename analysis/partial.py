@@ -17,7 +17,7 @@ parts) lives in ``ttft.reports.runs.distributed``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +30,7 @@ from ttft.analysis._trees import CODE
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import Attribution, attribute
 from ttft.analysis.decode import KEYS, decode_values
+from ttft.analysis.load import VALUE_KEYS, load_values
 from ttft.analysis.quality import Quality
 from ttft.analysis.summary import Summary, summarize
 from ttft.tracer.schema import BOUNDARY_NAMES, SCHEMA_VERSION
@@ -56,11 +57,13 @@ def part_bounds(table: pa.Table) -> clocks.Bounds:
 @dataclass
 class Part:
     """One partition analysed: its attribution (``request`` indices local to it), the
-    `decode_values` of its ok requests, and the boundaries any of its requests support."""
+    `decode_values` of its ok requests, the boundaries any of its requests support, and
+    the ``analysis.load.load_values`` of its requests."""
 
     attribution: Attribution
     decode: dict[str, np.ndarray]
     boundaries: tuple[str, ...]
+    load: dict[str, np.ndarray]
 
 
 def analyze_part(table: pa.Table, own_rows: int, offsets: Sequence[clocks.ClockOffset],
@@ -77,7 +80,8 @@ def analyze_part(table: pa.Table, own_rows: int, offsets: Sequence[clocks.ClockO
     asm = assemble(table, offsets=offsets, borrowed=_borrowed(table, own_rows))
     supported = tuple(name for name in BOUNDARY_NAMES if asm.has_window(name).any())
     attr = attribute(asm, boundary, policy)
-    return Part(attr, decode_values(asm, attr.requests["request"].to_numpy()), supported)
+    values = decode_values(asm, attr.requests["request"].to_numpy())
+    return Part(attr, values, supported, load_values(asm, attr, values))
 
 
 def default_boundary(parts: Sequence[Part]) -> str:
@@ -99,8 +103,8 @@ def _stacked(frames: list[pd.DataFrame], counts: list[int] | None = None) -> pd.
 
 
 def merge_parts(parts: Sequence[Part], offsets: Sequence[clocks.ClockOffset], *,
-                trace: str = "", schema_version: int = SCHEMA_VERSION
-                ) -> tuple[Attribution, Summary]:
+                trace: str = "", schema_version: int = SCHEMA_VERSION,
+                slo: Mapping[str, float] | None = None) -> tuple[Attribution, Summary]:
     """The dataset's attribution and summary from its parts, all at one boundary.
 
     Args:
@@ -108,9 +112,11 @@ def merge_parts(parts: Sequence[Part], offsets: Sequence[clocks.ClockOffset], *,
         offsets: the clock offsets the parts were assembled with.
         trace: the dataset's path, echoed in the summary.
         schema_version: the dataset's schema version.
+        slo: SLO limits in ms per metric for the summary's goodput (``summarize``).
 
     Raises:
-        ValueError: no parts, or parts attributed at different boundaries or policies.
+        ValueError: no parts, parts attributed at different boundaries or policies, or an
+            unknown SLO metric.
     """
     if not parts:
         raise ValueError("no partitions to merge")
@@ -132,8 +138,9 @@ def merge_parts(parts: Sequence[Part], offsets: Sequence[clocks.ClockOffset], *,
         _stacked([a.failed for a in attrs], counts),
     )
     values = {key: np.concatenate([part.decode[key] for part in parts]) for key in KEYS}
+    loads = {key: np.concatenate([part.load[key] for part in parts]) for key in VALUE_KEYS}
     summary = summarize(merged, None, trace=trace, schema_version=schema_version,
-                        decode=values)
+                        decode=values, loads=loads, slo=slo)
     return merged, summary
 
 

@@ -9,6 +9,7 @@ attributed time summed over requests divided by TTFT summed over requests;
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -18,6 +19,7 @@ import pandas as pd
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.decode import decode_values, summarize_values
+from ttft.analysis.load import goodput, load, load_values
 from ttft.analysis.quality import EXAMPLES_KEPT
 from ttft.tracer.schema import CONDITIONS, OUTCOMES, SCHEMA_VERSION
 
@@ -126,6 +128,13 @@ class Summary:
     `clock_list`) is None unless a clock pair disagrees; ``inputs`` (what was read, see
     ``ttft.collectors.read_inputs``) is None unless the trace was a directory of runs or an
     unfinished run.
+    ``load`` (see ``analysis.load``: ``duration_s`` of the run from the client's view,
+    ``requests`` completed, ``requests_per_s``, ``output_tokens``, ``output_tokens_per_s``,
+    the rates None for a zero duration, and ``e2e_ms``: ``p50, p90, p99, mean, requests``
+    of the completed requests' client spans, None without one) is None when the trace has
+    no client span; ``goodput`` (``slo``, ``requests`` meeting every SLO, their ``share``
+    of the ok and failed requests, ``per_s``) is None unless SLOs were given. Both come
+    last and, when None, are left out of `to_dict`.
     """
 
     trace: str
@@ -149,12 +158,14 @@ class Summary:
     quality: dict[str, int]
     clocks: list[dict[str, Any]] | None = None
     inputs: list[dict[str, Any]] | None = None
+    load: dict[str, Any] | None = None
+    goodput: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The summary as JSON-ready values, keys in their documented order; ``clocks``
-        and ``inputs`` only when present."""
+        """The summary as JSON-ready values, keys in their documented order; ``clocks``,
+        ``inputs``, ``load`` and ``goodput`` only when present."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for optional in ("clocks", "inputs"):
+        for optional in ("clocks", "inputs", "load", "goodput"):
             if out[optional] is None:
                 del out[optional]
         return out
@@ -183,21 +194,32 @@ def summarize(
     trace: str = "",
     schema_version: int = SCHEMA_VERSION,
     decode: dict[str, np.ndarray] | None = None,
+    loads: Mapping[str, np.ndarray] | None = None,
+    slo: Mapping[str, float] | None = None,
 ) -> Summary:
     """Summarize an attribution (see `Summary`).
 
     Args:
         attr: the attribution to summarize.
-        asm: the assembly it came from (token events for inter-token latency); None with
-            ``decode``.
+        asm: the assembly it came from (token events for inter-token latency, client spans
+            for load); None with ``decode`` and ``loads``.
         trace: the trace's path, echoed back.
         schema_version: the trace file's schema version.
         decode: `decode_values` already taken (over a dataset's partitions), instead of
             from ``asm``.
+        loads: ``analysis.load.load_values`` already taken, instead of from ``asm``.
+        slo: a limit in ms per metric (``ttft``, ``tpot``, ``itl``, ``e2e``) for goodput;
+            None for no goodput.
+
+    Raises:
+        ValueError: an unknown SLO metric or a limit that is not positive.
     """
+    if decode is None or loads is None:
+        assert asm is not None, "summarize needs an assembly or its decode and load values"
     if decode is None:
-        assert asm is not None, "summarize needs an assembly or its decode values"
         decode = decode_values(asm, attr.requests["request"].to_numpy())
+    if loads is None:
+        loads = load_values(asm, attr, decode)
     ttft = attr.requests["ttft_ns"].to_numpy()
     conditions = attr.requests["condition"].to_numpy()
     failed = attr.failed
@@ -231,7 +253,35 @@ def summarize(
         tail=_stages_dict(tail_mix(attr)),
         quality=dict(attr.quality.counts),
         clocks=clocks if disagree else None,
+        load=load_summary(loads),
+        goodput=goodput(loads, len(failed), slo) if slo else None,
     )
+
+
+def load_summary(values: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
+    """`Summary.load` from ``analysis.load.load_values`` (None without a client span)."""
+    found = load(values)
+    if found is None:
+        return None
+    e2e = found.e2e_ns
+    return {
+        "duration_s": found.duration_ns / 1e9,
+        "requests": found.requests,
+        "requests_per_s": found.per_s(found.requests),
+        "output_tokens": found.output_tokens,
+        "output_tokens_per_s": found.per_s(found.output_tokens),
+        "e2e_ms": {**_ms(e2e), "requests": int(len(e2e))} if len(e2e) else None,
+    }
+
+
+def goodput_of(attr: Attribution, asm: Assembly, slo: Mapping[str, float]) -> dict[str, Any]:
+    """`Summary.goodput` of an attribution against ``slo`` (ms per metric), for a summary
+    made without SLOs (``analyze`` takes none).
+
+    Raises:
+        ValueError: an unknown SLO metric or a limit that is not positive.
+    """
+    return goodput(load_values(asm, attr), len(attr.failed), slo)
 
 
 def _failure_counts(failed: pd.DataFrame) -> dict[str, int]:

@@ -145,3 +145,40 @@ def _marker(ci_lo: float, ci_hi: float) -> Text:
 
 def _kinds(kinds: dict[str, int]) -> Text:
     return plain(", ".join(f"{kind} {n:,}" for kind, n in kinds.items()) or "-")
+
+
+_LOAD_LABELS = {
+    "requests_per_s": "requests/s",
+    "output_tokens_per_s": "output tokens/s",
+    "e2e_p50": "end-to-end p50 ms",
+    "e2e_p99": "end-to-end p99 ms",
+    "goodput_share": "goodput share",
+    "goodput_per_s": "goodput requests/s",
+}
+
+
+def render_load_compare(table: pd.DataFrame, console: Console, slo: str | None) -> None:
+    """`ttft.analysis.compare.compare_load`'s table: A, B and Δ = B - A of each load
+    figure (``slo``: the SLOs goodput was measured against, as text); nothing when empty."""
+    if table.empty:
+        return
+    title = "load" + (f" (goodput: meeting {slo})" if slo else "")
+    out = Table(title=plain(title, "table.title"), title_justify="left")
+    out.add_column("metric")
+    for name in ("A", "B", "Δ", "Δ %"):
+        out.add_column(name, justify="right")
+    for row in table.itertuples(index=False):
+        share = row.metric == "goodput_share"
+        cells = [_load_cell(v, share, signed=i == 2) for i, v in
+                 enumerate((row.a, row.b, row.delta))]
+        pct = "—" if math.isnan(row.delta_pct) else f"{row.delta_pct:+.1f}%"
+        out.add_row(plain(_LOAD_LABELS.get(row.metric, row.metric)), *cells, pct)
+    console.print(out)
+
+
+def _load_cell(value: float, share: bool, signed: bool) -> str:
+    if math.isnan(value):
+        return "—"
+    if share:
+        return f"{value * 100:+.1f} pts" if signed else f"{value:.1%}"
+    return f"{value:+,.2f}" if signed else f"{value:,.2f}"

@@ -95,6 +95,7 @@ def render_analysis(summary: Summary, console: Console) -> None:
             tail.add_row(plain(stage), f"{row['tail_mean']:,.2f}", f"{row['median_mean']:,.2f}")
         console.print(tail)
     render_decode(summary, console)
+    render_load(summary, console)
     render_quality(summary, console)
 
 
@@ -107,18 +108,47 @@ _DECODE = (
 )
 
 
+def _figure_line(label: str, value: dict, counted: str) -> Text:
+    return Text(
+        f"{label}  p50 {value['p50']:,.2f} ms  p90 {value['p90']:,.2f} ms  "
+        f"p99 {value['p99']:,.2f} ms  ({value['requests']:,} {counted})"
+    )
+
+
 def render_decode(summary: Summary, console: Console) -> None:
     """After the first token, over the ok requests: one line per figure there is."""
     for key, label in _DECODE:
         value = getattr(summary, key)
         if value:
             console.print(
-                Text(
-                    f"{label}  p50 {value['p50']:,.2f} ms  p90 {value['p90']:,.2f} ms  "
-                f"p99 {value['p99']:,.2f} ms  ({value['requests']:,} "
-                    f"{'gaps' if key == 'chunk_gap_ms' else 'requests'})"
-                )
+                _figure_line(label, value, "gaps" if key == "chunk_gap_ms" else "requests")
             )
+
+
+def _rate(per_s: float | None, unit: str) -> str:
+    return f"{per_s:,.2f} {unit}/s" if per_s is not None else f"{unit}/s n/a (no duration)"
+
+
+def slo_text(slo: dict[str, float]) -> str:
+    """The SLOs of `Summary.goodput` as ``ttft ≤ 500 ms, e2e ≤ 2,000 ms``."""
+    return ", ".join(f"{key.removesuffix('_ms')} ≤ {ms:,g} ms" for key, ms in slo.items())
+
+
+def render_load(summary: Summary, console: Console) -> None:
+    """The load the trace carried (from the client's view) and, with SLOs, the goodput:
+    a line each, left out when the summary has neither."""
+    load, good = summary.load, summary.goodput
+    if load is not None:
+        rates = (f"{_rate(load['requests_per_s'], 'requests')}, "
+                 f"{_rate(load['output_tokens_per_s'], 'output tokens')}")
+        text = f"{load['requests']:,} requests completed in {load['duration_s']:,.2f} s: "
+        console.print(labelled("load:", "bold", text + rates))
+        if load["e2e_ms"]:
+            console.print(_figure_line("end-to-end latency", load["e2e_ms"], "requests"))
+    if good is not None:
+        meeting = f"{good['requests']:,} of {summary.requests:,} requests ({good['share']:.1%})"
+        text = f"{meeting} meet {slo_text(good['slo'])}, {_rate(good['per_s'], 'requests')}"
+        console.print(labelled("goodput:", "bold", text + " (a failed request meets none)"))
 
 
 def render_failures(summary: Summary, console: Console) -> None:

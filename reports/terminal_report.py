@@ -13,7 +13,7 @@ from rich.text import Text
 from ttft.reports._colours import colour
 from ttft.reports._text import plain
 from ttft.reports.report_data import ReportData
-from ttft.reports.terminal import render_failures, render_quality, stage_table
+from ttft.reports.terminal import render_failures, render_load, render_quality, stage_table
 from ttft.tracer.schema import STAGE_NAMES
 
 _BAR_CHARS = 48
@@ -209,6 +209,7 @@ def render_report(data: ReportData, console: Console) -> None:
         )
     )
     render_failures(s, console)
+    render_load(s, console)
     if s.requests_ok == 0:
         console.print(Text("No request has a TTFT window at this boundary.", style="yellow"))
     else:

@@ -89,3 +89,60 @@ SchedulerOption = Annotated[
         "(tcp://host:8786); every worker must be able to read the dataset",
     ),
 ]
+
+
+_SLO_UNITS_MS = {"ms": 1.0, "s": 1000.0}
+_SLO_EXAMPLE = "ttft=500ms,tpot=50ms,itl=30ms,e2e=2s"
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """``--slo``'s value: comma-separated ``metric=number unit`` (``ms`` or ``s``) for the
+    metrics of ``ttft.analysis.load.SLO_METRICS``, as ms per metric.
+
+    Raises:
+        typer.BadParameter: naming the part that is not understood (exit status 2).
+    """
+    from ttft.analysis.load import SLO_METRICS
+
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, _, value = part.partition("=")
+        name, value = name.strip(), value.strip().lower()
+        if name not in SLO_METRICS:
+            raise typer.BadParameter(
+                f"{part!r}: the metric must be one of {', '.join(SLO_METRICS)} "
+                f"(as in {_SLO_EXAMPLE})")
+        if name in out:
+            raise typer.BadParameter(f"{part!r}: {name} is given twice")
+        unit = "ms" if value.endswith("ms") else "s" if value.endswith("s") else ""
+        try:
+            number = float(value[: len(value) - len(unit)]) if unit else float("nan")
+        except ValueError:
+            number = float("nan")
+        if not unit or not number > 0 or number == float("inf"):
+            raise typer.BadParameter(
+                f"{part!r}: the limit must be a positive number with a unit, ms or s "
+                f"(as in {_SLO_EXAMPLE})")
+        out[name] = number * _SLO_UNITS_MS[unit]
+    return out
+
+
+SloOption = Annotated[
+    dict | None,
+    typer.Option(
+        "--slo",
+        metavar="METRIC=LIMIT,...",
+        parser=parse_slo,
+        help="service-level objectives for goodput: the share and rate of requests meeting "
+        f"all of them (metrics ttft, tpot, itl, e2e; units ms or s; e.g. {_SLO_EXAMPLE}); "
+        "a failed request meets none",
+    ),
+]
+
+
+def add_goodput(analysis, slo: dict[str, float]) -> None:
+    """Give ``analysis.summary`` its goodput against ``slo`` (ms per metric), as
+    ``summarize(..., slo=slo)`` would have."""
+    from ttft.analysis.summary import goodput_of
+
+    analysis.summary.goodput = goodput_of(analysis.attribution, analysis.assembly, slo)

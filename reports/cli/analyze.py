@@ -30,8 +30,10 @@ from ttft.reports.cli._options import (
     PolicyOption,
     RegimeFlag,
     SchedulerOption,
+    SloOption,
     TraceArgument,
     WorkersOption,
+    add_goodput,
 )
 
 
@@ -53,16 +55,19 @@ def analyze(
     model_config: ModelConfigOption = None,
     workers: WorkersOption = None,
     scheduler: SchedulerOption = None,
+    slo: SloOption = None,
 ) -> None:
     """Split every request's TTFT into stages that sum exactly to it, and summarize them
     per stage and per condition (cold, prefix_hit), with the data-quality defects found;
     with --regime, also whether each prefill chunk was compute- or memory-bound. With
     --workers or --scheduler, a partitioned dataset (ttft partition) is analysed one
-    partition per Dask task, with exactly the result of one process."""
+    partition per Dask task, with exactly the result of one process. With --slo, also
+    the goodput: the share and rate of requests meeting every SLO."""
     if workers is not None or scheduler is not None:
-        if regime:
-            raise fail("--regime is not available with --workers or --scheduler yet; "
-                       "analyse the dataset in one process for it")
+        for given, flag in ((regime, "--regime"), (slo, "--slo")):
+            if given:
+                raise fail(f"{flag} is not available with --workers or --scheduler yet; "
+                           "analyse the dataset in one process for it")
         summary = analyze_in_partitions(
             trace, boundary=boundary.value if boundary else None, policy=policy.value,
             mapping=mapping, workers=workers, scheduler=scheduler, per_request=per_request,
@@ -77,6 +82,8 @@ def analyze(
         format=format,
         mapping=mapping,
     )
+    if slo:
+        add_goodput(analysis, slo)
     if per_request is not None:
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -21,6 +21,8 @@ from ttft.reports.cli._options import (
     MappingOption,
     PolicyName,
     PolicyOption,
+    SloOption,
+    add_goodput,
 )
 from ttft.tracer.schema import BOUNDARY_NAMES
 
@@ -50,12 +52,19 @@ def compare(
     seed: Annotated[int, typer.Option(min=0, help="seed of the bootstrap")] = 0,
     format: FormatOption = None,
     mapping: MappingOption = None,
+    slo: SloOption = None,
 ) -> None:
     """Compare B against A: TTFT and every stage's p50/p90/p99 per condition (all, cold,
     prefix_hit), the delta B - A with a bootstrap 95% confidence interval, flagged when the
-    interval excludes zero."""
+    interval excludes zero; then each trace's throughput, end-to-end latency and, with
+    --slo, goodput, with their deltas."""
     from ttft.analysis.compare import compare as compare_attributions
-    from ttft.analysis.compare import compare_failures, failure_regressions, regressions
+    from ttft.analysis.compare import (
+        compare_failures,
+        compare_load,
+        failure_regressions,
+        regressions,
+    )
 
     given = boundary.value if boundary else None
     analyses = [
@@ -66,6 +75,9 @@ def compare(
     with progress(f"attributing at the {chosen} boundary"):
         analyses = [x if x.attribution.boundary == chosen else x.at(chosen) for x in analyses]
     attrs = [x.attribution for x in analyses]
+    for analysis in analyses if slo else ():
+        add_goodput(analysis, slo)
+    load = compare_load(*(x.summary for x in analyses))
     for path, attr in zip((a, b), attrs, strict=True):
         if len(attr.requests) == 0:
             raise fail(f"{path}: no request has a TTFT window at the {chosen} boundary")
@@ -86,11 +98,18 @@ def compare(
             "seed": seed,
             "rows": _records(table),
             "failures": _records(failures),
+            "slo": {f"{name}_ms": ms for name, ms in slo.items()} if slo else None,
+            "load": _records(load),
         }
         sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
     else:
         counts = [attr.requests["condition"].value_counts() for attr in attrs]
-        from ttft.reports.compare_view import render_compare, render_failure_rates
+        from ttft.reports.compare_view import (
+            render_compare,
+            render_failure_rates,
+            render_load_compare,
+        )
+        from ttft.reports.terminal import slo_text
 
         console = stdout_console()
         render_failure_rates(failures, console, _CONFIDENCE)
@@ -98,6 +117,8 @@ def compare(
             table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts,
             console, _CONFIDENCE,
         )
+        good = analyses[0].summary.goodput
+        render_load_compare(load, console, slo_text(good["slo"]) if good else None)
     if max_regression is None:
         return
     lines = [

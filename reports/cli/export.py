@@ -1,4 +1,5 @@
-"""``ttft export``: write a trace in another tool's format (Perfetto / Chrome trace JSON)."""
+"""``ttft export``: write a trace in another tool's format (Perfetto / Chrome trace JSON) or
+its requests as CSV."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import typer
 
 from ttft.reports._text import labelled, plain
 from ttft.reports.cli._app import app, err, fail, progress
-from ttft.reports.cli._options import FormatOption, MappingOption, TraceArgument
+from ttft.reports.cli._options import (
+    BoundaryOption,
+    FormatOption,
+    MappingOption,
+    PolicyName,
+    PolicyOption,
+    TraceArgument,
+)
 
 
 @app.command()
@@ -20,6 +28,15 @@ def export(
         typer.Option(
             metavar="OUT.json",
             help="write Chrome trace-event JSON for ui.perfetto.dev or chrome://tracing",
+        ),
+    ] = None,
+    csv: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="OUT.csv",
+            help="write one row per request: ids, condition, outcome, status code, TTFT, "
+            "each stage's attributed ms, TPOT, ITL, end-to-end ms, prompt and completion "
+            "tokens (failed requests included; a blank cell: not known)",
         ),
     ] = None,
     requests: Annotated[
@@ -33,16 +50,45 @@ def export(
     ] = 100,
     format: FormatOption = None,
     mapping: MappingOption = None,
+    boundary: BoundaryOption = None,
+    policy: PolicyOption = PolicyName["exclusive"],
 ) -> None:
     """Export requests as a timeline: a process per service and clock, one track per
     request (overlapping spans on separate lanes), GPU work per device, the boundary
-    events as markers, and a flow from each client span to its server span."""
-    from ttft.reports.cli._app import load_trace
+    events as markers, and a flow from each client span to its server span; or, with
+    --csv, every request's figures as a table (its TTFT split at --boundary under
+    --policy; --requests does not apply)."""
+    from ttft.reports.cli._app import analyze_trace, load_trace
+
+    if perfetto is None and csv is None:
+        raise fail("nothing to export: give --perfetto OUT.json or --csv OUT.csv")
+    if csv is not None:
+        analysis = analyze_trace(trace, boundary=boundary.value if boundary else None,
+                                 policy=policy.value, format=format, mapping=mapping)
+        _write_csv(csv, analysis)
+        table = analysis.table
+    else:
+        table, _ = load_trace(trace, format=format, mapping=mapping)
+    if perfetto is not None:
+        _write_perfetto(trace, table, perfetto, requests)
+
+
+def _write_csv(path: Path, analysis) -> None:
+    """``analysis.load.request_table`` of ``analysis`` as CSV (blank for unknown)."""
+    from ttft.analysis.load import request_table
+
+    frame = request_table(analysis.assembly, analysis.attribution)
+    try:
+        frame.to_csv(path, index=False, na_rep="")
+    except OSError as exc:
+        raise fail(f"{path}: cannot write ({exc.strerror or exc})") from None
+    err.print(plain(f"wrote {path}: {len(frame):,} requests, {frame.shape[1]} columns "
+                    f"(TTFT at the {analysis.attribution.boundary} boundary)"), soft_wrap=True)
+
+
+def _write_perfetto(trace: str, table, perfetto: Path, requests: int) -> None:
     from ttft.reports.perfetto import perfetto_events, request_traces, write_perfetto
 
-    if perfetto is None:
-        raise fail("nothing to export: give --perfetto OUT.json")
-    table, _ = load_trace(trace, format=format, mapping=mapping)
     with progress(f"exporting {table.num_rows:,} spans"):
         count = len(request_traces(table, requests))
         events = perfetto_events(table, requests=requests)

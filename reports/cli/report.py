@@ -27,7 +27,9 @@ from ttft.reports.cli._options import (
     PeakTflopsOption,
     PolicyName,
     PolicyOption,
+    SloOption,
     TraceArgument,
+    add_goodput,
 )
 
 
@@ -50,11 +52,13 @@ def report(
     peak_tflops: PeakTflopsOption = None,
     peak_bandwidth_gbs: PeakBandwidthOption = None,
     model_config: ModelConfigOption = None,
+    slo: SloOption = None,
 ) -> None:
     """Where each request's TTFT went: headline per condition, stage stacks at p50/p90/p99
     and the tail, the TTFT CDF, waterfalls of the median, p99 and slowest requests, queue
     blame, prefill scaling with its fit, each prefill chunk on the traced device's roofline,
-    raw durations against attributed time, data quality and the run's metadata."""
+    raw durations against attributed time, data quality and the run's metadata; the load
+    (throughput, end-to-end latency) and, with --slo, the goodput."""
     from ttft.reports import report_data
 
     started = time.perf_counter()
@@ -65,6 +69,8 @@ def report(
         format=format,
         mapping=mapping,
     )
+    if slo:
+        add_goodput(analysis, slo)  # the report's summary is the analysis's
     found = regime_of(
         analysis,
         model_config=model_config,

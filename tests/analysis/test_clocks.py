@@ -97,7 +97,7 @@ def test_summary_and_terminal_report_the_offset(synth):
     moved = shifted(synth, -250 * MS)
     asm = assemble(moved)
     summary = summarize(attribute(asm), asm).to_dict()
-    assert list(summary)[-2:] == ["quality", "clocks"]
+    assert list(summary)[-3:] == ["quality", "clocks", "load"]
     assert summary["clocks"] == [
         {
             "client_clock": "client",

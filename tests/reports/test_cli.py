@@ -85,6 +85,7 @@ def test_analyze_json_shape_and_values(trace):
         "ttfrt_ms",
         "tail",
         "quality",
+        "load",
     ]
     assert (out["boundary"], out["policy"], out["requests"]) == ("client", "exclusive", 300)
     assert (out["requests_ok"], out["failures"], out["failed_first_token"]) == (300, {}, None)
@@ -97,6 +98,41 @@ def test_analyze_json_shape_and_values(trace):
     assert set(out["itl_ms"]) == {"p50", "p90", "p99", "mean", "requests"}
     assert out["itl_ms"]["requests"] == 300 and out["ttfrt_ms"] is None
     assert all(v == 0 for v in out["quality"].values())
+
+
+def test_analyze_json_with_slo_carries_load_and_goodput(trace):
+    result = runner.invoke(app, ["analyze", str(trace), "--json", "--slo", "ttft=0.5s,tpot=50ms"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert list(out)[-2:] == ["load", "goodput"]
+    load, good = out["load"], out["goodput"]
+    assert set(load) == {"duration_s", "requests", "requests_per_s", "output_tokens",
+                         "output_tokens_per_s", "e2e_ms"}
+    assert load["requests"] == 300 and load["e2e_ms"]["requests"] == 300
+    assert load["requests_per_s"] == load["requests"] / load["duration_s"]
+    assert good["slo"] == {"ttft_ms": 500.0, "tpot_ms": 50.0}
+    assert good["share"] == good["requests"] / 300
+    assert good["per_s"] == good["requests"] / load["duration_s"]
+    printed = runner.invoke(app, ["analyze", str(trace), "--slo", "ttft=500ms"])
+    assert printed.exit_code == 0, printed.output
+    assert "load: 300 requests completed in" in printed.stdout
+    assert "meet ttft ≤ 500 ms" in printed.stdout
+
+
+def test_slo_with_workers_is_refused_before_any_work(trace):
+    result = runner.invoke(app, ["analyze", str(trace), "--workers", "2", "--slo", "ttft=1s"])
+    assert result.exit_code == 2
+    assert "--slo is not available with --workers" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("slo", "named"), [
+    ("ttft=500", "'ttft=500'"), ("latency=5ms", "'latency=5ms'"), ("ttft=-1s", "'ttft=-1s'"),
+    ("ttft=5ms,tpot", "'tpot'"), ("ttft=1ms,ttft=2ms", "ttft is given twice"),
+])
+def test_a_bad_slo_names_the_bad_part_and_exits_2(trace, slo, named):
+    result = runner.invoke(app, ["analyze", str(trace), "--slo", slo])
+    assert result.exit_code == 2
+    assert named in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize("policy", ["exclusive", "shared", "critical-path"])

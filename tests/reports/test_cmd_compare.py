@@ -70,7 +70,11 @@ def test_json(traces):
     )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
-    assert list(out) == ["a", "b", "boundary", "policy", "resamples", "seed", "rows", "failures"]
+    assert list(out) == ["a", "b", "boundary", "policy", "resamples", "seed", "rows", "failures",
+                         "slo", "load"]
+    assert out["slo"] is None
+    assert [r["metric"] for r in out["load"]] == [
+        "requests_per_s", "output_tokens_per_s", "e2e_p50", "e2e_p99"]
     assert [(f["condition"], f["a_failed"], f["b_failed"]) for f in out["failures"]] == [
         ("all", 0, 0), ("cold", 0, 0), ("prefix_hit", 0, 0)]
     assert (out["a"], out["b"]) == (traces["a"], traces["slow"])
@@ -101,6 +105,21 @@ def test_json(traces):
     # connect p50 is 0 on both sides: its percentage is null, not NaN.
     connect = [r for r in out["rows"] if r["metric"] == "connect" and r["percentile"] == 50]
     assert connect and all(r["delta_pct"] is None for r in connect)
+
+
+def test_slo_gives_both_traces_goodput_and_the_delta(traces):
+    args = ["compare", traces["a"], traces["slow"], *FAST, "--slo", "ttft=300ms"]
+    out = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert out["slo"] == {"ttft_ms": 300.0}
+    rows = {r["metric"]: r for r in out["load"]}
+    share = rows["goodput_share"]
+    assert share["b"] < share["a"]  # B is the slowed-down trace
+    assert share["delta"] == share["b"] - share["a"]
+    assert set(rows) >= {"requests_per_s", "goodput_per_s", "e2e_p99"}
+    printed = runner.invoke(app, args)
+    assert printed.exit_code == 0, printed.output
+    assert "load (goodput: meeting ttft ≤ 300 ms)" in printed.stdout
+    assert "goodput share" in printed.stdout
 
 
 def test_gate_fails_on_a_regression_above_the_threshold(traces):

@@ -1,0 +1,228 @@
+"""Load metrics as load-testing tools report them (guidellm, AIPerf, vLLM's benchmark):
+request and output-token throughput, end-to-end latency and goodput against SLOs. Pure
+functions (no I/O).
+
+Definitions, all from the client's view (the ``client`` span of each request):
+
+- the run's **duration** is from the earliest start of any request's client span to the
+  latest end of any (failed requests included: they took part in the run);
+- a **completed** request is one whose client span has outcome ``ok``; **request
+  throughput** is completed requests / duration; **output tokens/s** is the sum of their
+  completion tokens (the client span's ``completion_tokens``, the server's ``usage``, as
+  ``analysis.decode`` reads it; a request without it counts its content chunks) / duration;
+- **end-to-end latency** of a completed request is its client span's end - start (the
+  earliest start and latest end of its client spans; the load generator writes one);
+- **goodput** is over the requests the TTFT figures are over (ok, with a window at the
+  boundary) plus every failed request: a request meets the SLOs when it did not fail and
+  each of its metrics named in the SLO is at or under the limit. TTFT is the window at the
+  analysis boundary (``Attribution.requests["ttft_ns"]``); TPOT and ITL are per request as
+  ``analysis.decode`` defines them. A metric a request cannot have (TPOT or ITL with fewer
+  than two content chunks, end-to-end latency without a client span) does not count
+  against it, as guidellm counts requests lacking a metric as not violating it. A failed
+  request never meets an SLO: the goodput **share** is meeting requests / (those ok
+  requests + the failed ones); the **rate** is meeting requests / the run's duration.
+
+An engine-only trace has no client span, hence no run duration from the client's view: its
+load figures and goodput rate are None (its goodput share is still defined).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ttft.analysis._trees import NONE_NS
+from ttft.analysis.assemble import Assembly
+from ttft.analysis.attribution import Attribution
+from ttft.analysis.decode import COMPLETION_TOKENS, _completion_tokens, decode_values
+from ttft.tracer.schema import ATTR_PROMPT_TOKENS, ATTR_STATUS_CODE, OUTCOME_OK
+
+__all__ = ["SLO_METRICS", "Load", "goodput", "load", "load_values", "request_table"]
+
+SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
+"""The metrics an SLO may name, in the order goodput reports them."""
+VALUE_KEYS = ("start_ns", "end_ns", "completed", "output_tokens", "ttft_ns", "e2e_ns",
+              "tpot_ns", "itl_ns")
+"""The keys of `load_values`: the first four per request with a client span, the others
+per request of ``Attribution.requests`` (in its order)."""
+_NS_PER_MS = 1e6
+_NS_PER_S = 1e9
+
+
+@dataclass(frozen=True)
+class Load:
+    """A trace's load figures (see the module docstring): ``duration_ns`` of the run,
+    ``requests`` completed, their ``output_tokens`` and ``e2e_ns`` (one per completed
+    request, int64)."""
+
+    duration_ns: int
+    requests: int
+    output_tokens: int
+    e2e_ns: np.ndarray
+
+    def per_s(self, count: int) -> float | None:
+        """``count`` over the run's duration, per second; None for a zero duration."""
+        return count / (self.duration_ns / _NS_PER_S) if self.duration_ns > 0 else None
+
+
+def load_values(asm: Assembly, attr: Attribution,
+                decode: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The per-request values `load` and `goodput` need, keyed by `VALUE_KEYS`.
+
+    Per request with a client span: ``start_ns``, ``end_ns``, ``completed`` (outcome ok)
+    and ``output_tokens``. Per request of ``attr.requests``: ``ttft_ns``, ``e2e_ns``
+    (``NONE_NS`` without a client span), ``tpot_ns`` and ``itl_ns`` (float, NaN with fewer
+    than two content chunks). Concatenating the values of a dataset's partitions, in the
+    order their attributions are stacked, gives the whole dataset's.
+
+    Args:
+        asm: the assembly ``attr`` was attributed from.
+        attr: the attribution.
+        decode: `decode_values` of ``attr``'s requests when already taken.
+    """
+    n_req = len(asm.requests)
+    start, end = _client_spans(asm)
+    has = np.flatnonzero(end != NONE_NS)
+    chunks = np.bincount(asm.token_req, minlength=n_req)
+    tokens = _completion_tokens(asm, has)
+    outcome = asm.requests["outcome"].to_numpy(dtype=object)[has]
+
+    ok = attr.requests["request"].to_numpy(np.int64)
+    if decode is None:
+        decode = decode_values(asm, ok)
+    # decode_values gives TPOT and ITL for the requests with two or more content chunks,
+    # in ascending request order, which is the order of ``attr.requests``.
+    many = np.flatnonzero(chunks[ok] >= 2)
+    if len(many) != len(decode["tpot_ms"]):
+        raise ValueError("decode values are not of this attribution's requests")
+    tpot = np.full(len(ok), np.nan)
+    itl = np.full(len(ok), np.nan)
+    tpot[many], itl[many] = decode["tpot_ms"], decode["itl_ms"]
+    client_ok = end[ok] != NONE_NS
+    return {
+        "start_ns": start[has],
+        "end_ns": end[has],
+        "completed": outcome == OUTCOME_OK,
+        "output_tokens": np.where(tokens >= 0, tokens, chunks[has]).astype(np.int64),
+        "ttft_ns": attr.requests["ttft_ns"].to_numpy(np.int64),
+        "e2e_ns": np.where(client_ok, end[ok] - start[ok], NONE_NS),
+        "tpot_ns": tpot,
+        "itl_ns": itl,
+    }
+
+
+def _client_spans(asm: Assembly) -> tuple[np.ndarray, np.ndarray]:
+    """Per request of ``asm``, the earliest start and latest end of its client spans
+    (``NONE_NS`` for both without one)."""
+    n_req = len(asm.requests)
+    rows = asm.rows
+    client = rows.of("client", requests_only=True)
+    start = np.full(n_req, np.iinfo(np.int64).max, np.int64)
+    end = np.full(n_req, NONE_NS, np.int64)
+    np.minimum.at(start, rows.req[client], rows.start_ns[client])
+    np.maximum.at(end, rows.req[client], rows.end_ns[client])
+    return np.where(end != NONE_NS, start, NONE_NS), end
+
+
+def request_table(asm: Assembly, attr: Attribution) -> pd.DataFrame:
+    """One row per request of ``asm``, in its order.
+
+    Columns: ``trace_id``, ``request_id``, ``condition``, ``outcome``, ``status_code`` (the
+    client span's); ``ttft_ms``, the window at ``attr``'s boundary (of a failed request too
+    when it saw a first token; None without a window); one ``<stage>_ms`` per stage with
+    attributed time in any request (None for a request not attributed: failed or without a
+    window); ``tpot_ms`` and ``itl_ms`` (ok requests with two or more content chunks, as in
+    ``analysis.decode``); ``e2e_ms`` (its client span's end - start, failed requests too);
+    ``prompt_tokens`` and ``completion_tokens`` (the client span's, as the server's
+    ``usage`` gave them). None (NA) where not known.
+    """
+    reqs = asm.requests
+    n_req = len(reqs)
+    out = reqs[["trace_id", "request_id", "condition", "outcome"]].astype(object)
+    client = asm.rows.of("client", requests_only=True)
+    out["status_code"] = _largest(asm, client, ATTR_STATUS_CODE)
+    ok = attr.requests["request"].to_numpy(np.int64)
+    bad = attr.failed["request"].to_numpy(np.int64)
+    ttft = np.full(n_req, np.nan)
+    ttft[ok] = attr.requests["ttft_ns"].to_numpy(np.int64) / _NS_PER_MS
+    seen = attr.failed["ttft_ns"].to_numpy(np.int64)
+    ttft[bad[seen >= 0]] = seen[seen >= 0] / _NS_PER_MS
+    out["ttft_ms"] = ttft
+    att = attr.attributed
+    for stage in att.columns[(att.to_numpy() > 0).any(axis=0)]:
+        column = np.full(n_req, np.nan)
+        column[ok] = att[stage].to_numpy(np.int64) / _NS_PER_MS
+        out[f"{stage}_ms"] = column
+    values = load_values(asm, attr)
+    for key in ("tpot", "itl"):
+        column = np.full(n_req, np.nan)
+        column[ok] = values[f"{key}_ns"] / _NS_PER_MS
+        out[f"{key}_ms"] = column
+    start, end = _client_spans(asm)
+    out["e2e_ms"] = np.where(end != NONE_NS, (end - start) / _NS_PER_MS, np.nan)
+    for key in (ATTR_PROMPT_TOKENS, COMPLETION_TOKENS):
+        out[key] = _largest(asm, client, key)
+    return out.reset_index(drop=True)
+
+
+def _largest(asm: Assembly, client: np.ndarray, key: str) -> pd.arrays.IntegerArray:
+    """Per request, the largest integer attribute ``key`` of its ``client`` rows (NA if
+    none has it)."""
+    best = np.full(len(asm.requests), -1, np.int64)
+    np.maximum.at(best, asm.rows.req[client], asm.rows.int_attribute(client, key))
+    return pd.arrays.IntegerArray(best, best < 0)
+
+
+def load(values: Mapping[str, np.ndarray]) -> Load | None:
+    """The load figures of `load_values` (of one trace, or concatenated over a dataset's
+    partitions: the same in any order); None when no request has a client span."""
+    if len(values["start_ns"]) == 0:
+        return None
+    completed = values["completed"]
+    return Load(
+        duration_ns=int(values["end_ns"].max() - values["start_ns"].min()),
+        requests=int(completed.sum()),
+        output_tokens=int(values["output_tokens"][completed].sum()),
+        e2e_ns=(values["end_ns"] - values["start_ns"])[completed],
+    )
+
+
+def goodput(values: Mapping[str, np.ndarray], failed: int,
+            slo_ms: Mapping[str, float]) -> dict[str, object]:
+    """The requests meeting every SLO of ``slo_ms`` (see the module docstring).
+
+    Args:
+        values: `load_values`.
+        failed: the number of failed requests (``len(Attribution.failed)``).
+        slo_ms: a limit in ms per metric of `SLO_METRICS`.
+
+    Returns:
+        ``slo`` (the limits, as ``ttft_ms``..., in `SLO_METRICS` order), ``requests``
+        meeting them, ``share`` of the ok and failed requests (0.0 when there are none)
+        and ``per_s`` (None without a run duration).
+
+    Raises:
+        ValueError: an unknown metric, or a limit that is not a positive number.
+    """
+    for name, limit in slo_ms.items():
+        if name not in SLO_METRICS:
+            raise ValueError(f"unknown SLO metric {name!r}; choose from {SLO_METRICS}")
+        if not limit > 0:
+            raise ValueError(f"the {name} SLO must be a positive number of ms, not {limit!r}")
+    meets = np.ones(len(values["ttft_ns"]), bool)
+    for name in (n for n in SLO_METRICS if n in slo_ms):
+        measured = values[f"{name}_ns"]
+        lacking = np.isnan(measured) if measured.dtype.kind == "f" else measured == NONE_NS
+        meets &= lacking | (measured <= slo_ms[name] * _NS_PER_MS)
+    meeting = int(meets.sum())
+    total = len(meets) + failed
+    found = load(values)
+    return {
+        "slo": {f"{n}_ms": float(slo_ms[n]) for n in SLO_METRICS if n in slo_ms},
+        "requests": meeting,
+        "share": meeting / total if total else 0.0,
+        "per_s": found.per_s(meeting) if found is not None else None,
+    }
