@@ -14,15 +14,18 @@ lowers p99 most) and the result says so.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from itertools import combinations
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
+from ttft.analysis.load import goodput, load_values
 
-__all__ = ["MAX_EXHAUSTIVE", "slo_attribution"]
+__all__ = ["MAX_EXHAUSTIVE", "goodput_of", "goodput_summary", "slo_attribution"]
 
 MAX_EXHAUSTIVE = 50_000_000
 """Largest (sets × requests) one size of the exhaustive search may evaluate."""
@@ -119,3 +122,28 @@ def _greedy(ttft: np.ndarray, cut: np.ndarray, slo_ns: float
         chosen.append(pick)
         current = current - cut[:, pick]
     return chosen, p99, "greedy"
+
+
+def goodput_summary(attr: Attribution, loads: Mapping[str, np.ndarray],
+             slo: Mapping[str, float] | None) -> dict[str, Any] | None:
+    """``Summary.goodput`` (``analysis.load.goodput``); with a TTFT SLO also
+    ``ttft_stages``: which stages stand between the requests that miss it and the SLO
+    (`slo_attribution`). None without SLOs."""
+    if not slo:
+        return None
+    out = dict(goodput(loads, len(attr.failed), slo))
+    if "ttft" in slo:
+        out["ttft_stages"] = slo_attribution(attr, slo["ttft"])
+    return out
+
+
+def goodput_of(attr: Attribution, asm: Assembly, slo: Mapping[str, float]) -> dict[str, Any]:
+    """`Summary.goodput` of an attribution against ``slo`` (ms per metric), for a summary
+    made without SLOs (``analyze`` takes none).
+
+    Raises:
+        ValueError: an unknown SLO metric or a limit that is not positive.
+    """
+    found = goodput_summary(attr, load_values(asm, attr), slo)
+    assert found is not None  # slo is not empty: goodput needs at least one limit
+    return found

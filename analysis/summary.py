@@ -19,8 +19,9 @@ import pandas as pd
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.decode import decode_values, summarize_values
-from ttft.analysis.load import goodput, load, load_values
+from ttft.analysis.load import load, load_values
 from ttft.analysis.quality import EXAMPLES_KEPT
+from ttft.analysis.slo import goodput_summary
 from ttft.tracer.schema import CONDITIONS, OUTCOMES, SCHEMA_VERSION
 
 _NS_PER_MS = 1e6
@@ -133,8 +134,10 @@ class Summary:
     the rates None for a zero duration, and ``e2e_ms``: ``p50, p90, p99, mean, requests``
     of the completed requests' client spans, None without one) is None when the trace has
     no client span; ``goodput`` (``slo``, ``requests`` meeting every SLO, their ``share``
-    of the ok and failed requests, ``per_s``) is None unless SLOs were given. Both come
-    last and, when None, are left out of `to_dict`.
+    of the ok and failed requests, ``per_s``; with a TTFT SLO, ``ttft_stages``: each
+    stage's rescue share of the requests missing it and the smallest set of stages to cut,
+    see ``analysis.slo``) is None unless SLOs were given. Both come last and, when None,
+    are left out of `to_dict`.
     """
 
     trace: str
@@ -254,7 +257,7 @@ def summarize(
         quality=dict(attr.quality.counts),
         clocks=clocks if disagree else None,
         load=load_summary(loads),
-        goodput=goodput(loads, len(failed), slo) if slo else None,
+        goodput=goodput_summary(attr, loads, slo),
     )
 
 
@@ -272,16 +275,6 @@ def load_summary(values: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
         "output_tokens_per_s": found.per_s(found.output_tokens),
         "e2e_ms": {**_ms(e2e), "requests": int(len(e2e))} if len(e2e) else None,
     }
-
-
-def goodput_of(attr: Attribution, asm: Assembly, slo: Mapping[str, float]) -> dict[str, Any]:
-    """`Summary.goodput` of an attribution against ``slo`` (ms per metric), for a summary
-    made without SLOs (``analyze`` takes none).
-
-    Raises:
-        ValueError: an unknown SLO metric or a limit that is not positive.
-    """
-    return goodput(load_values(asm, attr), len(attr.failed), slo)
 
 
 def _failure_counts(failed: pd.DataFrame) -> dict[str, int]:

@@ -132,6 +132,10 @@ def _load(data: ReportData) -> str:
             f"goodput <b>{good['share']:.1%}</b> ({good['requests']:,} requests{rate}) "
             f"meet {_e(slo)}"
         )
+        if good.get("ttft_stages"):
+            from ttft.reports.terminal import slo_stages_text
+
+            lines.append(f'<span class="unit">{_e(slo_stages_text(good["ttft_stages"]))}</span>')
     body = "".join(f"<div>{line}</div>" for line in lines)
     return f'<div class="card load"><h3>load</h3>{body}</div>'
 

@@ -149,6 +149,29 @@ def render_load(summary: Summary, console: Console) -> None:
         meeting = f"{good['requests']:,} of {summary.requests:,} requests ({good['share']:.1%})"
         text = f"{meeting} meet {slo_text(good['slo'])}, {_rate(good['per_s'], 'requests')}"
         console.print(labelled("goodput:", "bold", text + " (a failed request meets none)"))
+        stages = good.get("ttft_stages")
+        if stages is not None:
+            console.print(plain(slo_stages_text(stages)), soft_wrap=True)
+
+
+def slo_stages_text(found: dict) -> str:
+    """What stands between the requests and the TTFT SLO, in one paragraph."""
+    slo = f"TTFT ≤ {found['slo_ms']:g} ms"
+    if not found["missing"]:
+        return f"  every request meets {slo}"
+    rescue = [f"{name} {v['share']:.0%}" for name, v in found["stages"].items() if v["rescued"]]
+    line = (f"  {found['missing']:,} of {found['requests']:,} requests miss {slo}; at its "
+            "condition's median one stage would rescue: "
+            + (", ".join(rescue[:6]) if rescue else "none alone"))
+    chosen = found["smallest_set"]
+    if chosen is None:
+        return line + (f"; even every stage cut to its median leaves p99 at "
+                       f"{found['p99_after_ms']:.1f} ms")
+    if not chosen:
+        return line + f"; p99 ({found['p99_ms']:.1f} ms) already meets it"
+    return line + (f"; to bring p99 from {found['p99_ms']:.1f} to "
+                   f"{found['p99_after_ms']:.1f} ms, cut to median: {' + '.join(chosen)}"
+                   + (" (greedy search)" if found["search"] == "greedy" else ""))
 
 
 def render_failures(summary: Summary, console: Console) -> None:

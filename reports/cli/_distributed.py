@@ -21,6 +21,7 @@ def analyze_in_partitions(
     scheduler: str | None,
     per_request: Path | None,
     format: str | None = None,
+    slo: dict[str, float] | None = None,
 ) -> Summary:
     """The summary of the dataset at ``trace``, analysed in partitions.
 
@@ -46,7 +47,7 @@ def analyze_in_partitions(
             result = analyze_dataset(
                 trace, boundary=boundary, policy=policy, workers=workers,
                 scheduler=scheduler, per_request=per_request,
-                mapping=None if mapping is None else str(mapping),
+                mapping=None if mapping is None else str(mapping), slo=slo,
                 on_done=lambda: bar.advance(task),
             )
     except DaskMissing as exc:

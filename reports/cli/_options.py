@@ -143,6 +143,6 @@ SloOption = Annotated[
 def add_goodput(analysis, slo: dict[str, float]) -> None:
     """Give ``analysis.summary`` its goodput against ``slo`` (ms per metric), as
     ``summarize(..., slo=slo)`` would have."""
-    from ttft.analysis.summary import goodput_of
+    from ttft.analysis.slo import goodput_of
 
     analysis.summary.goodput = goodput_of(analysis.attribution, analysis.assembly, slo)

@@ -64,14 +64,13 @@ def analyze(
     partition per Dask task, with exactly the result of one process. With --slo, also
     the goodput: the share and rate of requests meeting every SLO."""
     if workers is not None or scheduler is not None:
-        for given, flag in ((regime, "--regime"), (slo, "--slo")):
-            if given:
-                raise fail(f"{flag} is not available with --workers or --scheduler yet; "
-                           "analyse the dataset in one process for it")
+        if regime:
+            raise fail("--regime is not available with --workers or --scheduler yet; "
+                       "analyse the dataset in one process for it")
         summary = analyze_in_partitions(
             trace, boundary=boundary.value if boundary else None, policy=policy.value,
             mapping=mapping, workers=workers, scheduler=scheduler, per_request=per_request,
-            format=format,
+            format=format, slo=slo,
         )
         print_summary_of(summary, as_json=as_json)
         return

@@ -16,7 +16,7 @@ Dask (``distributed``) is the ``dask`` extra: ``pip install 'ttft[dask]'``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,8 +114,8 @@ def _gather(client: Any, function: Callable[..., Any], path: str, partitions: Se
 def analyze_dataset(path: str | os.PathLike[str], *, boundary: str | None = None,
                     policy: str = "exclusive", workers: int | None = None,
                     scheduler: str | None = None, per_request: Path | None = None,
-                    mapping: str | None = None, on_done: Callable[[], None] | None = None
-                    ) -> DatasetAnalysis:
+                    mapping: str | None = None, slo: Mapping[str, float] | None = None,
+                    on_done: Callable[[], None] | None = None) -> DatasetAnalysis:
     """Analyse a dataset in partitions on a Dask cluster (see the module docstring).
 
     Args:
@@ -127,6 +127,7 @@ def analyze_dataset(path: str | os.PathLike[str], *, boundary: str | None = None
         per_request: a directory to write each partition's per-request parts to.
         mapping: a TOML file of extra stage rules, as ``read_spans`` takes (the workers
             read it).
+        slo: SLO limits in ms per metric, for the summary's goodput.
         on_done: called after each partition task of each pass (a progress bar).
 
     Raises:
@@ -152,7 +153,7 @@ def analyze_dataset(path: str | os.PathLike[str], *, boundary: str | None = None
             for k, part in zip(again, redone, strict=True):
                 parts[k] = part
     attribution, summary = merge_parts(parts, offsets, trace=shown,
-                                       schema_version=int(info["schema_version"]))
+                                       schema_version=int(info["schema_version"]), slo=slo)
     if per_request is not None:
         write_per_request(parts, per_request)
     return DatasetAnalysis(summary, attribution, offsets, n, n_workers)

@@ -13,7 +13,7 @@ from test_partial import in_partitions, split
 
 from ttft.analysis import analyze, assemble, attribute, summarize
 from ttft.analysis.load import goodput, load, load_values, request_table
-from ttft.analysis.summary import goodput_of
+from ttft.analysis.slo import goodput_of
 
 MS = 1_000_000
 T0 = 1_700_000_000_000_000_000
@@ -83,6 +83,10 @@ def test_per_request_tpot_and_itl_line_up_with_the_attributed_requests(analysed)
 ])
 def test_goodput_counts_requests_meeting_every_slo_over_all_requests(analysed, slo, meeting):
     good = goodput_of(analysed.attribution, analysed.assembly, slo)
+    stages = good.pop("ttft_stages", None)  # analysis.slo's part, tested in test_slo.py
+    assert (stages is not None) == ("ttft" in slo)
+    if stages is not None:
+        assert stages["slo_ms"] == slo["ttft"] and stages["requests"] == 3
     assert good == {"slo": {f"{k}_ms": float(v) for k, v in slo.items()},
                     "requests": meeting, "share": meeting / 4, "per_s": float(meeting)}
 
@@ -91,6 +95,7 @@ def test_summarize_with_slo_puts_goodput_last(analysed):
     asm, attr = analysed.assembly, analysed.attribution
     summary = summarize(attr, asm, slo={"e2e": 2000, "ttft": 500}).to_dict()
     assert list(summary)[-2:] == ["load", "goodput"]
+    assert summary["goodput"].pop("ttft_stages")["slo_ms"] == 500
     assert summary["goodput"] == {"slo": {"ttft_ms": 500.0, "e2e_ms": 2000.0},
                                   "requests": 3, "share": 0.75, "per_s": 3.0}
 
@@ -114,6 +119,8 @@ def test_an_engine_only_trace_has_no_load_but_a_goodput_share():
     assert attr.boundary == "engine"
     summary = summarize(attr, asm, slo={"ttft": 10})
     assert summary.load is None and "load" not in summary.to_dict()
+    stages = summary.goodput.pop("ttft_stages")
+    assert (stages["missing"], stages["smallest_set"]) == (1, None)  # the one stage is it
     assert summary.goodput == {"slo": {"ttft_ms": 10.0}, "requests": 1, "share": 0.5,
                                "per_s": None}
     assert load(load_values(asm, attr)) is None

@@ -95,6 +95,15 @@ def test_a_running_scheduler_gives_the_one_process_summary_and_parts(data, sched
                                   sorted_rows(pq.read_table(single_file).to_pandas()))
 
 
+def test_slos_on_a_scheduler_give_the_one_process_goodput_and_stage_rescue(data, scheduler):
+    _, dataset = data
+    slo = ["--slo", "ttft=300ms,e2e=600ms"]
+    distributed = ok("analyze", dataset, "--json", *slo, "--scheduler", scheduler)
+    assert distributed == ok("analyze", dataset, "--json", *slo)
+    good = json.loads(distributed)["goodput"]
+    assert good["ttft_stages"]["slo_ms"] == 300 and good["ttft_stages"]["missing"] > 0
+
+
 def test_workers_on_a_plain_trace_is_refused_in_one_line(data):
     trace, _ = data
     result = ttft("analyze", trace, "--workers", 2)

@@ -119,10 +119,10 @@ def test_analyze_json_with_slo_carries_load_and_goodput(trace):
     assert "meet ttft ≤ 500 ms" in printed.stdout
 
 
-def test_slo_with_workers_is_refused_before_any_work(trace):
+def test_slo_with_workers_on_a_plain_trace_is_refused_before_any_work(trace):
     result = runner.invoke(app, ["analyze", str(trace), "--workers", "2", "--slo", "ttft=1s"])
     assert result.exit_code == 2
-    assert "--slo is not available with --workers" in " ".join(result.output.split())
+    assert "not a partitioned dataset" in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize(("slo", "named"), [
