@@ -150,6 +150,38 @@ def _depths(parent: np.ndarray) -> np.ndarray:
     return np.minimum(hops, min(k, np.iinfo(np.int16).max)).astype(np.int16)
 
 
+_SMALL_BLOCK = 64
+"""Widest block whose parents are found by comparing every pair of its spans (``K**2`` per
+request, in bounded slices) rather than by sorting: faster for the usual tens of spans."""
+_PAIRS_PER_SLICE = 1 << 24
+
+
+def _links_small(
+    hi: np.ndarray, lo: np.ndarray, has: np.ndarray, phi: np.ndarray, plo: np.ndarray,
+    has_parent: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`_links` by pairwise comparison, for a block without a repeated span id in any
+    request (None otherwise: choosing which copy to keep is the sorting path's job). With
+    unique ids there is nothing to drop, and a span's parent is the one other span of its
+    request whose id is its ``parent_id``."""
+    n, k = hi.shape
+    parent = np.full((n, k), -1, np.int64)
+    others = ~np.eye(k, dtype=bool)
+    step = max(1, _PAIRS_PER_SLICE // (k * k))
+    for first in range(0, n, step):
+        rows = slice(first, first + step)
+        h, lo_, present = hi[rows], lo[rows], has[rows]
+        same = (h[:, :, None] == h[:, None, :]) & (lo_[:, :, None] == lo_[:, None, :])
+        if (same & present[:, :, None] & present[:, None, :] & others).any():
+            return None
+        match = phi[rows][:, :, None] == h[:, None, :]
+        match &= plo[rows][:, :, None] == lo_[:, None, :]
+        match &= present[:, None, :] & has_parent[rows][:, :, None] & others
+        found = match.any(axis=2)
+        parent[rows] = np.where(found, match.argmax(axis=2), -1)
+    return parent, np.ones((n, k), bool), parent >= 0
+
+
 def _copies_first(order: np.ndarray, first: np.ndarray, copy_key: tuple[np.ndarray, ...]
                   ) -> np.ndarray:
     """``order`` (sorted by request and id, ``first`` marking each group's start) with each
@@ -188,6 +220,10 @@ def _links(
     ``K x K`` comparison.
     """
     n, k = hi.shape
+    if k <= _SMALL_BLOCK:
+        small = _links_small(hi, lo, has, phi, plo, has_parent)
+        if small is not None:
+            return small
     row = np.repeat(np.arange(n), k)
     hi_f, lo_f = hi.ravel(), lo.ravel()
     with_id = np.flatnonzero(has.ravel())
