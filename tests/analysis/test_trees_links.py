@@ -1,0 +1,36 @@
+"""Parent resolution (`_trees._links`): the pairwise path for narrow blocks and the sorting
+path give the same parents, copies kept and orphans, on random blocks with missing ids,
+self-parents, orphans and repeated ids."""
+
+import numpy as np
+import pytest
+
+import ttft.analysis._trees as trees
+
+
+def block(seed: int, n: int, k: int, repeated: bool):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 4 if repeated else 2**62, (n, k, 2)).astype(np.uint64)
+    hi, lo = ids[..., 0], ids[..., 1]
+    has = rng.random((n, k)) > 0.05
+    pick = rng.integers(0, k, (n, k))
+    phi, plo = np.take_along_axis(hi, pick, 1), np.take_along_axis(lo, pick, 1)
+    phi[:, 0] = rng.integers(0, 2**62, n).astype(np.uint64)  # an orphan per request
+    has_parent = rng.random((n, k)) < 0.9
+    key = (plo, phi, has_parent, rng.random((n, k)) < 0.5,
+           rng.integers(0, 3, (n, k)).astype(np.int8), rng.integers(0, 4, (n, k)),
+           rng.integers(0, 4, (n, k)))
+    return hi, lo, has, phi, plo, has_parent, key
+
+
+@pytest.mark.parametrize("k", [1, 2, 7, 24, 64])
+@pytest.mark.parametrize("repeated", [False, True])
+def test_pairwise_and_sorting_paths_agree(monkeypatch, k, repeated):
+    for seed in range(3):
+        args = block(seed, 300, k, repeated)
+        fast = trees._links(*args)
+        monkeypatch.setattr(trees, "_SMALL_BLOCK", 0)  # every block through the sorts
+        sorted_ = trees._links(*args)
+        monkeypatch.undo()
+        for a, b in zip(fast, sorted_, strict=True):
+            np.testing.assert_array_equal(a, b)
