@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ttft.reports._text import plain
+from ttft.reports.terminal import fit
 from ttft.tracer.schema import CONDITIONS
 
 
@@ -45,7 +46,11 @@ def render_compare(
     conditions = list(dict.fromkeys(table["condition"]))
     for cond in conditions:
         console.print(
-            _condition_table(table[table["condition"] == cond], cond, conditions, confidence)
+            fit(
+                _condition_table(table[table["condition"] == cond], cond, conditions, confidence),
+                console,
+                ("Δ %",),
+            )
         )
     for cond in CONDITIONS:
         in_a, in_b = (int(c.get(cond, 0)) for c in counts)
@@ -131,7 +136,7 @@ def render_failure_rates(table: pd.DataFrame, console: Console, confidence: floa
             _kinds(row.a_kinds),
             _kinds(row.b_kinds),
         )
-    console.print(out)
+    console.print(fit(out, console, ("Δ points", "B kinds", "A kinds")))
 
 
 def _marker(ci_lo: float, ci_hi: float) -> Text:
@@ -173,7 +178,7 @@ def render_load_compare(table: pd.DataFrame, console: Console, slo: str | None) 
                  enumerate((row.a, row.b, row.delta))]
         pct = "—" if math.isnan(row.delta_pct) else f"{row.delta_pct:+.1f}%"
         out.add_row(plain(_LOAD_LABELS.get(row.metric, row.metric)), *cells, pct)
-    console.print(out)
+    console.print(fit(out, console))
 
 
 def _load_cell(value: float, share: bool, signed: bool) -> str:

@@ -16,6 +16,7 @@ from rich.text import Text
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.regime import Peaks
 from ttft.reports._text import plain
+from ttft.reports.terminal import fit
 
 __all__ = [
     "RegimeResult",
@@ -119,7 +120,7 @@ def render_regime(
             "-" if peaks is None else f"{r.compute_bound_share:.0%}",
             fmt_si(r.achieved_flops_per_s, "FLOP/s"),
         )
-    console.print(table)
+    console.print(fit(table, console, ("chunks", "tokens")))
     console.print(
         Text(
             "regime: compute-bound when FLOP/B reaches the ridge; the % is achieved FLOP/s "

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
-from rich.table import Table
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
+from rich.table import Column, Table
 from rich.text import Text
 
 from ttft.analysis.quality import MEANING
@@ -11,18 +15,100 @@ from ttft.analysis.summary import Summary
 from ttft.reports._text import labelled, plain
 
 _BAR_WIDTH = 20
+_NARROW_BAR_WIDTH = 10
+_STAGE_COLUMNS = ("p50 ms", "p90 ms", "p99 ms", "mean ms", "raw mean ms", "overlap ms")
+# Dropped in this order while a stage table is wider than the console.
+_STAGE_DROP = ("raw mean ms", "overlap ms", "p90 ms")
 
 
-def _bar(share: float) -> Text:
-    filled = max(0, min(_BAR_WIDTH, round(share * _BAR_WIDTH)))
-    bar = Text("█" * filled + "·" * (_BAR_WIDTH - filled), style="cyan")
+def _span(console: Console, cells: Sequence[object]) -> tuple[int, int]:
+    """The longest word and the longest line among ``cells``."""
+    options = console.options.update_width(10_000)
+    found = [Measurement.get(console, options, cell) for cell in cells]
+    return max(m.minimum for m in found), max(m.maximum for m in found)
+
+
+def allot(table: Table, console: Console, width: int | None = None) -> bool:
+    """Fix the width of every column of ``table`` so that it is drawn in at most ``width``
+    (default ``console.width``) columns with nothing cut; whether it could be.
+
+    A right-justified (number) or ``no_wrap`` column is never narrower than its widest
+    cell, so a number is never cut or wrapped; a text column never narrower than its
+    longest word, and wraps at spaces; headers wrap at spaces. Columns get what is left
+    over that in proportion to how much more they could use (all of it when there is room:
+    the table as rich would draw it). When even the narrowest is too wide the function
+    returns False, the table as narrow as it goes."""
+    spans: list[tuple[Column, int, int]] = []
+    for column in table.columns:
+        head_low, head_high = _span(console, [column.header])
+        cells = list(column.cells)
+        cells_low, cells_high = _span(console, cells) if cells else (1, 1)
+        if column.justify == "right" or column.no_wrap:
+            cells_low = cells_high
+        low = max(head_low, cells_low)
+        spans.append((column, low, max(low, head_high, cells_high)))
+        column.width = low
+    wide = console.options.update_width(10_000)
+    slack = (width or console.width) - Measurement.get(console, wide, table).maximum
+    wanted = sum(high - low for _, low, high in spans)
+    if slack > 0:
+        for column, low, high in spans:
+            column.width = high if wanted <= slack else low + slack * (high - low) // wanted
+    return slack >= 0
+
+
+def fit(table: Table, console: Console, drop: Sequence[str] = ()) -> Table:
+    """``table`` fitted to ``console.width`` (:func:`allot`): the columns whose headers
+    ``drop`` names are removed, in that order, while it does not fit."""
+    for header in drop:
+        if allot(table, console):
+            return table
+        table.columns = [c for c in table.columns if c.header != header]
+    allot(table, console)
+    return table
+
+
+class FittedTable(Table):
+    """A :class:`~rich.table.Table` that fits itself (:func:`allot`) to the width it is
+    drawn in, for a renderer that returns a table without knowing the console. Where it
+    does not fit, the headers that ``short`` names are first shortened to its values."""
+
+    def __init__(self, *args: Any, short: Mapping[str, str] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.short = dict(short or {})
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if not allot(self, console, options.max_width):
+            for column in self.columns:
+                if isinstance(column.header, str):
+                    column.header = self.short.get(column.header, column.header)
+            allot(self, console, options.max_width)
+        return super().__rich_console__(console, options)
+
+
+def _bar(share: float, bar_width: int) -> Text:
+    filled = max(0, min(bar_width, round(share * bar_width)))
+    bar = Text("█" * filled + "·" * (bar_width - filled), style="cyan")
     bar.append(f" {share:6.1%}")
     return bar
 
 
-def stage_table(title: str, ttft_ms: dict[str, float], stages: dict[str, dict]) -> Table:
-    """One table: a row per stage (largest share first), TTFT percentiles in the caption.
-    ``title`` and the stage names are shown as plain text."""
+def stage_table(title: str, ttft_ms: dict[str, float], stages: dict[str, dict],
+                console: Console) -> Table:
+    """One table: a row per stage (largest share first), TTFT percentiles in the caption,
+    fitted to ``console.width``: the raw mean and overlap columns left out first, then the
+    share bar narrowed from 20 to 10 characters, then the p90 column left out (stage,
+    share, p50, p99 and mean always stay: 80 columns hold them). ``title`` and the stage
+    names are shown as plain text."""
+    table = fit(_stage_table(title, ttft_ms, stages, _BAR_WIDTH), console, _STAGE_DROP[:2])
+    if allot(table, console):
+        return table
+    return fit(_stage_table(title, ttft_ms, stages, _NARROW_BAR_WIDTH), console, _STAGE_DROP)
+
+
+def _stage_table(
+    title: str, ttft_ms: dict[str, float], stages: dict[str, dict], bar_width: int
+) -> Table:
     caption = "TTFT  " + "  ".join(f"{k} {v:,.2f} ms" for k, v in ttft_ms.items())
     table = Table(
         title=plain(title, "table.title"),
@@ -30,22 +116,17 @@ def stage_table(title: str, ttft_ms: dict[str, float], stages: dict[str, dict]) 
         title_justify="left",
         caption_justify="left",
     )
-    table.add_column("stage")
+    table.add_column("stage", no_wrap=True)
     table.add_column("share of TTFT", no_wrap=True)
-    for name in ("p50 ms", "p90 ms", "p99 ms", "mean ms", "raw mean ms", "overlap ms"):
+    for name in _STAGE_COLUMNS:
         table.add_column(name, justify="right")
-    ordered = sorted(stages.items(), key=lambda kv: -kv[1]["share"])
-    for stage, row in ordered:
+    keys = ("p50", "p90", "p99", "mean", "raw_mean", "overlap_mean")
+    for stage, row in sorted(stages.items(), key=lambda kv: -kv[1]["share"]):
         style = "dim" if row["share"] == 0 else None
         table.add_row(
             plain(stage, style=style or ""),
-            _bar(row["share"]),
-            f"{row['p50']:,.2f}",
-            f"{row['p90']:,.2f}",
-            f"{row['p99']:,.2f}",
-            f"{row['mean']:,.2f}",
-            f"{row['raw_mean']:,.2f}",
-            f"{row['overlap_mean']:,.2f}",
+            _bar(row["share"], bar_width),
+            *(f"{row[key]:,.2f}" for key in keys),
             style=style,
         )
     return table
@@ -70,11 +151,14 @@ def render_analysis(summary: Summary, console: Console) -> None:
         label = "ok requests" if summary.failures else "all requests"
         if len(conditions) > 1:
             label += " (mixes " + " and ".join(conditions) + ")"
-        blocks = [stage_table(label, summary.ttft_ms, summary.stages)]
+        blocks = [stage_table(label, summary.ttft_ms, summary.stages, console)]
         for cond, part in conditions.items():
             blocks.append(
                 stage_table(
-                    f"{cond}: {part['requests']:,} requests", part["ttft_ms"], part["stages"]
+                    f"{cond}: {part['requests']:,} requests",
+                    part["ttft_ms"],
+                    part["stages"],
+                    console,
                 )
             )
         console.print(Group(*blocks))
@@ -151,7 +235,7 @@ def render_load(summary: Summary, console: Console) -> None:
         console.print(labelled("goodput:", "bold", text + " (a failed request meets none)"))
         stages = good.get("ttft_stages")
         if stages is not None:
-            console.print(plain(slo_stages_text(stages)), soft_wrap=True)
+            console.print(plain(slo_stages_text(stages)))
 
 
 def slo_stages_text(found: dict) -> str:

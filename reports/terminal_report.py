@@ -3,58 +3,100 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from ttft.reports._colours import colour
 from ttft.reports._text import plain
 from ttft.reports.report_data import ReportData
-from ttft.reports.terminal import render_failures, render_load, render_quality, stage_table
+from ttft.reports.terminal import (
+    fit,
+    render_failures,
+    render_load,
+    render_quality,
+    stage_table,
+)
 from ttft.tracer.schema import STAGE_NAMES
 
 _BAR_CHARS = 48
+_MIN_BAR_CHARS = 12
+# Each stage's letter in a stacked bar and its legend: the bar reads without colour.
+LETTERS = {
+    "client": "c", "connect": "C", "server": "s", "tokenize": "t", "queue": "q",
+    "schedule": "S", "batch_wait": "b", "prefill": "p", "prefill.chunk": "P", "sample": "a",
+    "detokenize": "d", "holdback": "h", "deliver": "D", "kv_transfer": "k", "stream": "r",
+    "step": "e", "forward": "f", "gpu": "g", "network": "n", "unattributed": "u",
+    "other": "o", "event": "v",
+}  # fmt: skip
 _CDF_PCTS = (10, 25, 50, 75, 90, 99, 99.9)
 
 
-def _stacked(parts: dict[str, float], total_ms: float, scale_ms: float) -> Text:
-    """A bar ``_BAR_CHARS`` wide for ``scale_ms``, one coloured run per stage in stage
-    order, widths rounded so the runs add up to the whole bar's rounded width."""
+def _swatch(stage: str) -> str:
+    """The style of a stage's run: its letter on its colour, in black or white ink,
+    whichever reads on that colour."""
+    rgb = colour(stage).lstrip("#")
+    red, green, blue = (int(rgb[i : i + 2], 16) for i in (0, 2, 4))
+    ink = "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 140 else "white"
+    return f"{ink} on {colour(stage)}"
+
+
+def _stacked(
+    parts: dict[str, float], total_ms: float, scale_ms: float, bar_chars: int
+) -> Text:
+    """A bar ``bar_chars`` wide for ``scale_ms``, one run of the stage's letter on its
+    colour per stage in stage order, widths rounded so the runs add up to the whole bar's
+    rounded width."""
     bar = Text()
-    width = round(_BAR_CHARS * total_ms / scale_ms) if scale_ms > 0 else 0
+    width = round(bar_chars * total_ms / scale_ms) if scale_ms > 0 else 0
     done_ms = drawn = 0
     for stage in (s for s in STAGE_NAMES if parts.get(s, 0) > 0):
         done_ms += parts[stage]
         upto = round(width * done_ms / total_ms) if total_ms > 0 else 0
-        bar.append("█" * (upto - drawn), style=colour(stage))
+        bar.append(LETTERS.get(stage, "?") * (upto - drawn), style=_swatch(stage))
         drawn = upto
     return bar
 
 
 def _legend(stages: set[str]) -> Text:
-    text = Text("  ")
+    text = Text()
     for stage in (s for s in STAGE_NAMES if s in stages):
-        text.append("█ ", style=colour(stage))
-        text.append(f"{stage}   ")
+        text.append(LETTERS.get(stage, "?"), style=_swatch(stage))
+        text.append(f" {stage}  ")
     return text
+
+
+def _fitted_bars(build: Callable[[int], Table], console: Console) -> Table:
+    """``build(bar_chars)`` with bars ``_BAR_CHARS`` wide, or as much narrower (down to
+    ``_MIN_BAR_CHARS``) as drawing every column at its natural width in ``console.width``
+    needs: the text columns then wrap at spaces, never cut."""
+    table = build(_BAR_CHARS)
+    options = console.options.update_width(10_000)
+    excess = Measurement.get(console, options, table).maximum - console.width
+    if excess > 0:
+        table = build(max(_MIN_BAR_CHARS, _BAR_CHARS - excess))
+    return fit(table, console)
 
 
 def _headline(data: ReportData) -> Table:
     table = Table(title="headline", title_justify="left")
-    for name in ("requests", "failed", "TTFT p50 ms", "p90 ms", "p99 ms"):
+    table.add_column("group · ok requests")
+    for name in ("failed", "TTFT p50 ms", "p90 ms", "p99 ms"):
         table.add_column(name, justify="right")
     table.add_column("biggest stage (share of TTFT)")
-    table.columns[0].header = "group · ok requests"
     for group, mask in data.groups.items():
         part = data.summary.group(group)
         stages = part["stages"]
         biggest = max(stages.items(), key=lambda kv: kv[1]["share"]) if stages else None
         big = Text()
         if biggest:
-            big.append("█ ", style=colour(biggest[0]))
+            big.append(LETTERS.get(biggest[0], "?"), style=_swatch(biggest[0]))
+            big.append(" ")
             big.append(plain(f"{biggest[0]} {biggest[1]['share']:.1%}"))
         ttft = part["ttft_ms"]
         failed = sum(part["failures"].values())
@@ -69,7 +111,7 @@ def _headline(data: ReportData) -> Table:
     return table
 
 
-def _bands(data: ReportData) -> Table:
+def _bands(data: ReportData, bar_chars: int) -> Table:
     scale = max((float(b["ttft_ms"].max()) for b in data.bands.values() if len(b)), default=0)
     table = Table(
         title="where TTFT goes: mean attributed ms of the requests near each percentile",
@@ -92,7 +134,7 @@ def _bands(data: ReportData) -> Table:
                 plain(f"{data.group_label[group]} · {band}"),
                 f"{int(row['requests']):,}",
                 f"{row['ttft_ms']:,.2f}",
-                _stacked(parts, float(row["ttft_ms"]), scale),
+                _stacked(parts, float(row["ttft_ms"]), scale, bar_chars),
                 plain(", ".join(f"{s} {v:,.1f}" for s, v in top if v > 0)),
             )
         table.add_section()
@@ -115,7 +157,7 @@ def _cdf(data: ReportData) -> Table:
     return table
 
 
-def _waterfalls(data: ReportData) -> Table:
+def _waterfalls(data: ReportData, bar_chars: int) -> Table:
     scale = max((w.ttft_ms for w in data.waterfalls), default=0)
     table = Table(title="requests up close (attributed parts)", title_justify="left")
     table.add_column("request")
@@ -127,10 +169,14 @@ def _waterfalls(data: ReportData) -> Table:
         table.add_row(
             plain(f"{w.label} ({w.condition or '?'}) {w.trace_id[:8]}"),
             f"{w.ttft_ms:,.2f}",
-            _stacked(w.parts_ms, w.ttft_ms, scale),
+            _stacked(w.parts_ms, w.ttft_ms, scale, bar_chars),
             plain(", ".join(f"{s} {v:,.1f}" for s, v in top)),
         )
     return table
+
+
+_BLAME_DROP = ("unknown", "requests", "idle")
+_PREFILL_DROP = ("at 2048 ms", "c ns/token²", "points")
 
 
 def _blame(data: ReportData) -> Table | None:
@@ -170,15 +216,15 @@ def _prefill(data: ReportData) -> Table | None:
         table.add_column(name, justify="left" if name == "condition" else "right")
     for n in (512, 2048):
         table.add_column(f"at {n} ms", justify="right")
-    for cond, fit in data.prefill_fits.items():
-        at = fit.predict_ns(np.array([512.0, 2048.0])) / 1e6
+    for cond, found in data.prefill_fits.items():
+        at = found.predict_ns(np.array([512.0, 2048.0])) / 1e6
         table.add_row(
             plain(cond),
-            f"{fit.points:,}",
-            f"{fit.a_ns / 1e6:,.3f}",
-            f"{fit.b_ns_per_token / 1e3:,.3f}",
-            f"{fit.c_ns_per_token2:,.4f}",
-            f"{fit.r2:.3f}",
+            f"{found.points:,}",
+            f"{found.a_ns / 1e6:,.3f}",
+            f"{found.b_ns_per_token / 1e3:,.3f}",
+            f"{found.c_ns_per_token2:,.4f}",
+            f"{found.r2:.3f}",
             *(f"{v:,.2f}" for v in at),
         )
     return table
@@ -213,12 +259,12 @@ def render_report(data: ReportData, console: Console) -> None:
     if s.requests_ok == 0:
         console.print(Text("No request has a TTFT window at this boundary.", style="yellow"))
     else:
-        console.print(_headline(data))
-        console.print(_bands(data))
-        console.print(_cdf(data))
-        console.print(_waterfalls(data))
+        console.print(fit(_headline(data), console, ("p90 ms",)))
+        console.print(_fitted_bars(lambda chars: _bands(data, chars), console))
+        console.print(fit(_cdf(data), console, ("p10", "p75", "p99.9")))
+        console.print(_fitted_bars(lambda chars: _waterfalls(data, chars), console))
         console.print(
-            stage_table("raw durations against attributed time", s.ttft_ms, s.stages)
+            stage_table("raw durations against attributed time", s.ttft_ms, s.stages, console)
         )
         console.print(
             Text(
@@ -227,9 +273,9 @@ def render_report(data: ReportData, console: Console) -> None:
                 style="dim",
             )
         )
-    for table in (_blame(data), _prefill(data)):
+    for table, drop in ((_blame(data), _BLAME_DROP), (_prefill(data), _PREFILL_DROP)):
         if table is not None:
-            console.print(table)
+            console.print(fit(table, console, drop))
     found = data.regime
     if found is not None:
         from ttft.reports.regime_view import render_regime

@@ -7,6 +7,7 @@ from rich.text import Text
 
 from ttft.reports._text import plain
 from ttft.reports.runs.validate import StageCheck, ValidateResult
+from ttft.reports.terminal import FittedTable
 
 
 def _row(check: StageCheck, *, informational: bool = False) -> list[str | Text]:
@@ -25,12 +26,19 @@ def _row(check: StageCheck, *, informational: bool = False) -> list[str | Text]:
     ]
 
 
+# The headers where the table is too wide for them: at 80 columns.
+_SHORT = {"injected": "inj.", "recovered": "recov.", "tolerance": "tol.", "baseline": "base",
+          "delayed": "delay"}  # fmt: skip
+
+
 def render_validate(result: ValidateResult) -> Table:
-    """The injected-vs-recovered table (ms), the informational TTFT row last."""
-    table = Table(
+    """The injected-vs-recovered table (ms), the informational TTFT row last; it fits the
+    width it is printed in (:class:`~ttft.reports.terminal.FittedTable`)."""
+    table = FittedTable(
         title=f"injected vs recovered at the server boundary (median ms, exclusive; "
         f"{result.injected.windows} requests)",
         title_justify="left",
+        short=_SHORT,
     )
     for name in ("stage", "injected", "recovered", "error", "tolerance", "baseline", "delayed"):
         table.add_column(name, justify="left" if name == "stage" else "right")

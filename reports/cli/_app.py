@@ -53,11 +53,14 @@ def progress(message: str):
 
 
 def stdout_console() -> PlainConsole:
-    """A console for results on stdout (140 columns when not a terminal) that prints every
-    string as plain text."""
+    """A console for results on stdout that prints every string as plain text: as wide as
+    the terminal, or ``COLUMNS`` when set, else (piped) 140 columns. The renderers fit their
+    tables to its ``width``."""
+    import os
     import sys
 
-    return PlainConsole(highlight=False, width=None if sys.stdout.isatty() else 140)
+    sized = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
+    return PlainConsole(highlight=False, width=None if sized else 140)
 
 
 def load_trace(
