@@ -14,6 +14,7 @@ from ttft.analysis import _columns as col
 from ttft.analysis import clocks
 from ttft.analysis._trees import CODE
 from ttft.tracer.schema import (
+    ATTR_STEP_ID,
     BOUNDARY_EVENTS,
     CLIENT_CLOCK,
     EV_FIRST_BYTE,
@@ -132,3 +133,41 @@ def group(table: pa.Table, d: Decoded) -> Grouping:
     first_trace = col.smallest_by_value(inv, req_traces, d.trace_values, n_req)
     row_req = np.where(d.valid, req_of_trace[np.maximum(d.trace, 0)], -1)
     return Grouping(row_req, n_req, uniq, rid_values, first_trace, req_of_trace)
+
+
+def clock_kinds(d: Decoded) -> np.ndarray:
+    """``clocks.row_kinds`` of a decoded table: which rows bound the client's and the
+    server's intervals, for the clock offsets."""
+    return clocks.row_kinds(d.is_client, d.stage == CODE["client"], d.stage == CODE["server"],
+                            d.ev_rows, d.ev_name, d.ev_values)
+
+
+@dataclass
+class StepKeys:
+    """The rows the ``(service, step_id)`` join pairs: request ``prefill.chunk`` rows and
+    engine-trace (no request) ``gpu`` rows, each with its service code and step id; rows
+    without a step id are left out."""
+
+    chunks: np.ndarray
+    chunk_service: np.ndarray
+    chunk_step: np.ndarray
+    gpus: np.ndarray
+    gpu_service: np.ndarray
+    gpu_step: np.ndarray
+
+
+def step_keys(table: pa.Table, stage: np.ndarray, row_req: np.ndarray, valid: np.ndarray,
+              span_rows: np.ndarray) -> StepKeys | None:
+    """The `StepKeys` of a table (``span_rows``: the request rows that may hold chunks);
+    None when either side has no row."""
+    chunks = span_rows[stage[span_rows] == CODE["prefill.chunk"]]
+    gpus = np.flatnonzero(valid & (row_req < 0) & (stage == CODE["gpu"]))
+    if len(chunks) == 0 or len(gpus) == 0:
+        return None
+    service, _ = col.codes(table.column("service"))
+    attrs = table.column("attributes")
+    c_step = col.int_attribute(attrs, chunks, ATTR_STEP_ID)
+    g_step = col.int_attribute(attrs, gpus, ATTR_STEP_ID)
+    chunks, c_step = chunks[c_step >= 0], c_step[c_step >= 0]
+    gpus, g_step = gpus[g_step >= 0], g_step[g_step >= 0]
+    return StepKeys(chunks, service[chunks], c_step, gpus, service[gpus], g_step)

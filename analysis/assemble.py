@@ -22,12 +22,11 @@ import pyarrow as pa
 from ttft.analysis import _columns as col
 from ttft.analysis import clocks
 from ttft.analysis._conditions import conditions, max_cached
-from ttft.analysis._grouping import decode, group
+from ttft.analysis._grouping import clock_kinds, decode, group, step_keys
 from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._trees import CODE, MAX_NS, NONE_NS, Spans, resolve_trees
 from ttft.analysis.quality import Quality, rejected_spans
 from ttft.tracer.schema import (
-    ATTR_STEP_ID,
     BOUNDARY_NAMES,
     EV_FIRST_BYTE,
     EV_FIRST_SAMPLED,
@@ -161,7 +160,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     d = decode(table)
     trace, trace_values, start, end, stage = d.trace, d.trace_values, d.start, d.end, d.stage
     clock_raw, clock_values, is_client, valid = d.clock_raw, d.clock_values, d.is_client, d.valid
-    ev_rows, ev_name, ev_values, kind = d.ev_rows, d.ev_name, d.ev_values, d.kind
+    ev_rows, kind = d.ev_rows, d.kind
     counted = np.ones(table.num_rows, bool) if borrowed is None else ~borrowed
     missing = counted & ~d.present
     quality.add("missing_field", int(missing.sum()), _row_names(table, np.flatnonzero(missing)))
@@ -174,12 +173,9 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     rid_values = g.rid_values
 
     # Server clocks onto the client clock, before any time is compared across them.
-    clock_kind = clocks.row_kinds(
-        is_client, stage == CODE["client"], stage == CODE["server"], ev_rows, ev_name, ev_values
-    )
-    quality.clocks = list(offsets) if offsets is not None else clocks.estimate(
-        row_req, n_req, clock_kind, start, end, clock_raw, clock_values
-    )
+    quality.clocks = list(offsets) if offsets is not None else clocks.offsets_from_bounds([
+        clocks.bounds(row_req, n_req, clock_kinds(d), start, end, clock_raw, clock_values)
+    ])
     service, service_values = col.codes(table.column("service"))
     shift = clocks.row_shift(
         clock_raw, clock_values, quality.clocks, lambda: trace, lambda: service
@@ -272,20 +268,14 @@ def _join_gpu(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(chunk row, gpu row)`` of request chunks and engine-trace gpu spans that
     share ``(service, step_id)``."""
-    chunks = span_rows[stage[span_rows] == CODE["prefill.chunk"]]
-    gpus = np.flatnonzero(valid & (row_req < 0) & (stage == CODE["gpu"]))
-    empty = np.empty(0, np.int64)
-    if len(chunks) == 0 or len(gpus) == 0:
+    keys = step_keys(table, stage, row_req, valid, span_rows)
+    if keys is None:
+        empty = np.empty(0, np.int64)
         return empty, empty
-    service, _ = col.codes(table.column("service"))
-    attrs = table.column("attributes")
-    c_step = col.int_attribute(attrs, chunks, ATTR_STEP_ID)
-    g_step = col.int_attribute(attrs, gpus, ATTR_STEP_ID)
-    chunks, c_step = chunks[c_step >= 0], c_step[c_step >= 0]
-    gpus, g_step = gpus[g_step >= 0], g_step[g_step >= 0]
+    chunks, gpus = keys.chunks, keys.gpus
     # Sort the gpu keys once; each chunk finds its run of equal keys by binary search.
-    c_key = np.stack([service[chunks].astype(np.int64), c_step], axis=1)
-    g_key = np.stack([service[gpus].astype(np.int64), g_step], axis=1)
+    c_key = np.stack([keys.chunk_service.astype(np.int64), keys.chunk_step], axis=1)
+    g_key = np.stack([keys.gpu_service.astype(np.int64), keys.gpu_step], axis=1)
     order = np.lexsort((g_key[:, 1], g_key[:, 0]))
     g_sorted = g_key[order]
     lo = _search(g_sorted, c_key, "left")

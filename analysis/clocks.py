@@ -126,29 +126,9 @@ def row_kinds(
     return kind
 
 
-def estimate(
-    req: np.ndarray,
-    n_req: int,
-    kind: np.ndarray,
-    start_ns: np.ndarray,
-    end_ns: np.ndarray,
-    clock: np.ndarray,
-    clock_values: Sequence[str],
-) -> list[ClockOffset]:
-    """The offsets of every (client, server clock) pair from decoded columns.
-
-    Args:
-        req: request of each row (-1: none, or the row is invalid).
-        n_req: number of requests.
-        kind: `row_kinds` of each row.
-        start_ns, end_ns, clock: the rows' times and clock codes into ``clock_values``.
-    """
-    return offsets_from_bounds([bounds(req, n_req, kind, start_ns, end_ns, clock, clock_values)])
-
-
 Bounds = dict[str, tuple[np.ndarray, np.ndarray]]
-"""Per server clock, each request's bounds ``(lo, hi)`` on its offset: what `estimate`
-needs from a set of requests, so that parts of a trace (a dataset's partitions, each
+"""Per server clock, each request's bounds ``(lo, hi)`` on its offset: what the offsets
+need from a set of requests, so that parts of a trace (a dataset's partitions, each
 holding whole requests) are estimated together exactly as the whole would be."""
 
 
@@ -172,7 +152,14 @@ def bounds(
     clock: np.ndarray,
     clock_values: Sequence[str],
 ) -> Bounds:
-    """The `Bounds` of the requests of decoded columns (arguments as `estimate`)."""
+    """The `Bounds` of the requests of decoded columns.
+
+    Args:
+        req: request of each row (-1: none, or the row is invalid).
+        n_req: number of requests.
+        kind: `row_kinds` of each row.
+        start_ns, end_ns, clock: the rows' times and clock codes into ``clock_values``.
+    """
     use = (req >= 0) & (kind != K_NONE)
     rows = np.flatnonzero(use)
     r, k, t0, t1 = req[rows], kind[rows], start_ns[rows], end_ns[rows]
@@ -347,7 +334,7 @@ def estimate_offsets(table: pa.Table) -> list[ClockOffset]:
     kind = row_kinds(is_client, stage_is("client"), stage_is("server"), ev_rows, ev_name, ev_values)
     kind[~valid] = K_NONE
     req, n_req = _requests(table, trace, kind != K_NONE, valid)
-    return estimate(req, n_req, kind, start, end, clock, clock_values)
+    return offsets_from_bounds([bounds(req, n_req, kind, start, end, clock, clock_values)])
 
 
 def _requests(

@@ -25,8 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ttft.analysis import clocks
-from ttft.analysis._grouping import decode, group
-from ttft.analysis._trees import CODE
+from ttft.analysis._grouping import clock_kinds, decode, group
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import Attribution, attribute
 from ttft.analysis.decode import KEYS, decode_values
@@ -49,9 +48,8 @@ def part_bounds(table: pa.Table) -> clocks.Bounds:
     step traces hold no request, so they add none)."""
     d = decode(table)
     g = group(table, d)
-    kind = clocks.row_kinds(d.is_client, d.stage == CODE["client"], d.stage == CODE["server"],
-                            d.ev_rows, d.ev_name, d.ev_values)
-    return clocks.bounds(g.row_req, g.n_req, kind, d.start, d.end, d.clock_raw, d.clock_values)
+    return clocks.bounds(g.row_req, g.n_req, clock_kinds(d), d.start, d.end, d.clock_raw,
+                         d.clock_values)
 
 
 @dataclass

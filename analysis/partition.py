@@ -20,10 +20,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ttft.analysis import _columns as col
-from ttft.analysis._grouping import Decoded, Grouping, decode, group
+from ttft.analysis._grouping import Decoded, Grouping, decode, group, step_keys
 from ttft.analysis._trees import CODE
-from ttft.tracer.schema import ATTR_STEP_ID
 
 __all__ = ["KEY_RULE", "Partitioning", "partition_rows"]
 
@@ -80,20 +78,15 @@ def partition_rows(table: pa.Table, partitions: int) -> Partitioning:
 def _step_copies(table: pa.Table, d: Decoded, g: Grouping, trace_part: np.ndarray,
                  request_part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(trace code, partition)`` pairs: a step trace another partition's chunks join."""
-    span = (g.row_req >= 0) & (d.stage != CODE["event"]) & (d.stage != CODE["step"])
-    chunks = np.flatnonzero(span & (d.stage == CODE["prefill.chunk"]))
-    gpus = np.flatnonzero(d.valid & (g.row_req < 0) & (d.stage == CODE["gpu"]))
-    empty = np.empty(0, np.int64)
-    if len(chunks) == 0 or len(gpus) == 0:
-        return empty, empty
-    service, _ = col.codes(table.column("service"))
-    attrs = table.column("attributes")
-    c_step = col.int_attribute(attrs, chunks, ATTR_STEP_ID)
-    g_step = col.int_attribute(attrs, gpus, ATTR_STEP_ID)
-    need = pd.DataFrame({"service": service[chunks], "step": c_step,
-                         "partition": request_part[g.row_req[chunks]]})
-    have = pd.DataFrame({"service": service[gpus], "step": g_step, "trace": d.trace[gpus]})
-    need, have = need[need["step"] >= 0], have[have["step"] >= 0]
+    span = np.flatnonzero((g.row_req >= 0) & (d.stage != CODE["event"])
+                          & (d.stage != CODE["step"]))
+    keys = step_keys(table, d.stage, g.row_req, d.valid, span)
+    if keys is None:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    need = pd.DataFrame({"service": keys.chunk_service, "step": keys.chunk_step,
+                         "partition": request_part[g.row_req[keys.chunks]]})
+    have = pd.DataFrame({"service": keys.gpu_service, "step": keys.gpu_step,
+                         "trace": d.trace[keys.gpus]})
     pairs = have.merge(need, on=["service", "step"])[["trace", "partition"]].drop_duplicates()
     pairs = pairs[pairs["partition"].to_numpy() != trace_part[pairs["trace"].to_numpy()]]
     pairs = pairs.sort_values(["trace", "partition"])
