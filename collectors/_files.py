@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ttft.collectors._log import log_index
 from ttft.tracer.schema import METADATA_KEY
 
 PARTS_SUFFIX = ".parts"
@@ -35,6 +34,19 @@ WRITE_OPTIONS: dict = {
     },
 }
 _PART_RE = re.compile(r"^part-(\d+)\.parquet$")
+_LOG_RE = re.compile(r"^log-(\d+)\.spans$")
+
+
+def log_name(index: int) -> str:
+    """The name of the span-log segment whose rows part ``index`` will hold
+    (``ttft.collectors._log``)."""
+    return f"log-{index:05d}.spans"
+
+
+def log_index(name: str) -> int | None:
+    """The part index of a segment's file name, or None if it is not a segment."""
+    match = _LOG_RE.match(name)
+    return int(match.group(1)) if match else None
 
 
 def parts_dir(path: str | os.PathLike[str]) -> Path:
@@ -79,6 +91,8 @@ def uncovered_logs(directory: Path) -> list[tuple[int, Path]]:
 
 
 def fsync(path: Path) -> None:
+    """Make ``path`` durable: a file's data, or a directory's entries (a file created or
+    renamed in it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

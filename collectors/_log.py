@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -29,14 +28,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from ttft.collectors._files import fsync
 from ttft.tracer.schema import SPAN_SCHEMA
 
 MAGIC = b"TTFTLOG1"
-LOG_SUFFIX = ".spans"
 _HEADER = struct.Struct("<II")  # length, crc32
 _RECORD = struct.Struct("<IIB")  # length of payload, crc32 of kind + payload, kind
 _BATCH, _METADATA = 0, 1
-_LOG_RE = re.compile(r"^log-(\d+)\.spans$")
 
 LOG_SCHEMA = pa.schema([
     pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type, f.nullable)
@@ -44,17 +42,6 @@ LOG_SCHEMA = pa.schema([
 ])
 """The span schema with its dictionary columns as plain strings: a record batch then
 serializes on its own, without the dictionary batches an IPC stream would need."""
-
-
-def log_name(index: int) -> str:
-    """The name of the segment whose rows part ``index`` will hold."""
-    return f"log-{index:05d}{LOG_SUFFIX}"
-
-
-def log_index(name: str) -> int | None:
-    """The part index of a segment's file name, or None if it is not a segment."""
-    match = _LOG_RE.match(name)
-    return int(match.group(1)) if match else None
 
 
 def _crc(*chunks: bytes) -> int:
@@ -94,7 +81,7 @@ class LogSegment:
             header = json.dumps({"metadata": json.loads(metadata_json)}).encode()
             self.write(MAGIC + _HEADER.pack(len(header), _crc(header)) + header)
             os.fsync(self._fd)
-            _fsync_dir(path.parent)
+            fsync(path.parent)
         except BaseException:
             os.close(self._fd)
             raise
@@ -113,14 +100,6 @@ class LogSegment:
 
     def close(self) -> None:
         os.close(self._fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass

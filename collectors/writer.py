@@ -21,12 +21,13 @@ from ttft.collectors._files import (
     discard,
     fsync,
     log_files,
+    log_name,
     part_files,
     parts_dir,
     uncovered_logs,
     write_atomic,
 )
-from ttft.collectors._log import LogSegment, encode_batch, encode_metadata, log_name, read_log
+from ttft.collectors._log import LogSegment, encode_batch, encode_metadata, read_log
 from ttft.collectors._spans import to_span_table
 from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
