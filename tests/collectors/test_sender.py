@@ -839,6 +839,17 @@ _TEXT = b'data: {"id":"r1","choices":[{"text":"Hi","finish_reason":null}]}\n\n'
 _FINISH = b'data: {"id":"r1","choices":[{"text":"","finish_reason":"length"}]}\n\n'
 
 
+async def send_one(url: str, timeout_s: float):
+    """One request sent now to ``url`` on a pool of one connection, and its result."""
+    pool = Pool(Origin(url), 1, spare=0)
+    try:
+        req = Request(0, clock_ns())
+        req.start_ns = clock_ns()
+        return await send(pool, req, WIRE, timeout_s)
+    finally:
+        await pool.close()
+
+
 @pytest.mark.parametrize(
     ("reply", "outcome", "error"),
     [
@@ -865,13 +876,7 @@ _FINISH = b'data: {"id":"r1","choices":[{"text":"","finish_reason":"length"}]}\n
 def test_every_request_gets_an_outcome_on_its_client_span(reply, outcome, error):
     async def main():
         async with Server(scripted([reply])) as srv:
-            pool = Pool(Origin(srv.url), 1, spare=0)
-            try:
-                req = Request(0, clock_ns())
-                req.start_ns = clock_ns()
-                return await send(pool, req, WIRE, 0.3)
-            finally:
-                await pool.close()
+            return await send_one(srv.url, 0.3)
 
     result = run(main)
     assert (result.outcome, result.error) == (outcome, error)
@@ -885,13 +890,7 @@ def test_a_request_that_never_connected_is_a_client_error():
         with socket.socket() as s:  # a port nothing listens on
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        pool = Pool(Origin(f"http://127.0.0.1:{port}"), 1, spare=0)
-        try:
-            req = Request(0, clock_ns())
-            req.start_ns = clock_ns()
-            return await send(pool, req, WIRE, 2.0)
-        finally:
-            await pool.close()
+        return await send_one(f"http://127.0.0.1:{port}", 2.0)
 
     result = run(main)
     assert result.outcome == "client_error" and result.error.startswith("ConnectionRefusedError")
