@@ -40,10 +40,13 @@ def iter_blocks(
 def take_rows(values: np.ndarray, cols: np.ndarray, fill: int = 0) -> np.ndarray:
     """``values[i, cols[i, j]]`` per row, with ``fill`` where ``cols`` is negative or
     ``>= values.shape[1]``."""
-    k = values.shape[1]
-    ok = (cols >= 0) & (cols < k)
-    out = np.take_along_axis(values, np.where(ok, cols, 0), axis=1)
-    return np.where(ok, out, fill)
+    n, k = values.shape
+    padded = np.empty((n, k + 1), values.dtype)  # a last column of ``fill`` for misses
+    padded[:, :k] = values
+    padded[:, k] = fill
+    flat = np.where((cols >= 0) & (cols < k), cols, k)
+    flat += np.arange(0, n * (k + 1), k + 1, dtype=flat.dtype)[:, None]
+    return padded.ravel().take(flat)
 
 
 def nearest_ancestor(parent: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -57,3 +60,28 @@ def nearest_ancestor(parent: np.ndarray, keep: np.ndarray) -> np.ndarray:
         q = np.where(hop, take_rows(parent, q, fill=-1), q)
     bad = (q >= 0) & ~take_rows(keep, q, fill=False)
     return np.where(bad, -1, q)
+
+
+MAX_BITS = 52
+"""Widest block whose active columns per segment are the bits of one integer below 2**53,
+exact in float64 (`active_bits`)."""
+
+
+def active_bits(first: np.ndarray, stop: np.ndarray, segments: int) -> np.ndarray:
+    """``(N, segments)`` uint64: bit ``j`` set where column ``j`` covers the segment
+    (``first[:, j] <= s < stop[:, j]``), for at most `MAX_BITS` columns.
+
+    Each non-empty column toggles its bit where it starts and where it stops, and a prefix
+    XOR along the segments accumulates the toggles: ``O(N (K + S))`` instead of a pass over
+    the segments per column. Toggles meeting at one position are distinct bits (a column's
+    two ends never coincide), so the float64 sums that place them are exact.
+    """
+    n, k = first.shape
+    width = segments + 1
+    live = first < stop
+    base = np.arange(n)[:, None] * width
+    weight = np.broadcast_to(np.ldexp(1.0, np.arange(k)), (n, k))[live]
+    at = np.concatenate([(base + first)[live], (base + stop)[live]])
+    toggles = np.bincount(at, weights=np.concatenate([weight, weight]), minlength=n * width)
+    bits = np.bitwise_xor.accumulate(toggles.astype(np.uint64).reshape(n, width), axis=1)
+    return bits[:, :segments]

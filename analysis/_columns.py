@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -106,62 +109,28 @@ def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, 
     return high, low, present
 
 
-_DIGITS = 19  # "-" and up to 18 digits: always fits int64
-_WINDOW = 24  # bytes read after the key: room for whitespace, ":" and the number
+_BLANK = "[ \\t\\n\\r]*"  # JSON whitespace
 
 
 def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key: str) -> np.ndarray:
     """Integer value of ``key`` in the JSON attributes of ``rows`` (ascending); -1 where
     absent or not an integer.
 
-    Reads the text after the first ``"key"`` (no JSON parse per row): optional whitespace,
-    ``:``, optional whitespace, an optional ``-`` and digits. A key nested in an inner
-    object would be read too, which no ttft writer or importer produces; a key inside a
-    string value is escaped (``\"key\"``) and never matches.
+    One regular expression per column (Arrow's RE2, no JSON parse per row): the first
+    ``"key"`` followed by optional whitespace, ``:``, optional whitespace, an optional
+    ``-`` and 1 to 18 digits that no digit, ``.``, ``e`` or ``E`` follows. A key nested in an
+    inner object would be read too, which no ttft writer or importer produces; a key inside
+    a string value is escaped (``\\"key\\"``) and never matches.
     """
-    out = np.full(len(rows), -1, dtype=np.int64)
     if len(rows) == 0:
-        return out
+        return np.full(0, -1, dtype=np.int64)
     sub = take(attributes, rows)
     if pa.types.is_dictionary(sub.type) or pa.types.is_large_string(sub.type):
         sub = sub.cast(pa.string())
-    needle = f'"{key}"'
-    at = np.asarray(pc.fill_null(pc.find_substring(sub, needle), -1).to_numpy(zero_copy_only=False))
-    where = np.flatnonzero(at >= 0)
-    if len(where) == 0:
-        return out
-    offsets = np.frombuffer(sub.buffers()[1], dtype=np.int32)[
-        sub.offset : sub.offset + len(sub) + 1
-    ]
-    data = np.frombuffer(sub.buffers()[2], dtype=np.uint8)
-    data = np.concatenate([data, np.zeros(_WINDOW, np.uint8)])
-    begin = offsets[where] + at[where] + len(needle.encode())
-    cols = np.arange(_WINDOW, dtype=np.int8)[None]
-    # Whole rows of bytes from a sliding view: a row copy, not a gather per byte. Bytes
-    # past the end of a row's string belong to the next row, whose JSON starts with "{",
-    # so a number never runs on into them.
-    text = np.lib.stride_tricks.sliding_window_view(data, _WINDOW)[begin]
-    blank = (text == 32) | (text == 9) | (text == 10) | (text == 13)
-    # Skip blanks, one ":", blanks; then an optional "-" and the digits.
-    colon = np.argmax(~blank, axis=1)
-    rows_ = np.arange(len(where))
-    ok = text[rows_, colon] == ord(":")
-    first = np.argmax((cols > colon.astype(np.int8)[:, None]) & ~blank, axis=1)
-    negative = text[rows_, first] == ord("-")
-    first = (first + negative).astype(np.int8)
-    digit = (text >= 48) & (text <= 57)
-    stop = np.argmax(~digit & (cols >= first[:, None]), axis=1)
-    ok &= ~digit[rows_, stop]  # a terminator inside the window
-    count = stop - first
-    ok &= (count > 0) & (count <= _DIGITS - 1)
-    follow = text[rows_, stop]
-    ok &= (follow != ord(".")) & (follow != ord("e")) & (follow != ord("E"))
-    run = (cols >= first[:, None]) & (cols < stop.astype(np.int8)[:, None])
-    value = np.zeros(len(where), np.int64)
-    for j in range(int(stop.max())):  # Horner over the digit columns only
-        value = np.where(run[:, j], value * 10 + (text[:, j].astype(np.int64) - 48), value)
-    out[where] = np.where(ok, np.where(negative, -value, value), -1)
-    return out
+    number = "(?P<v>-?[0-9]{1,18})(?:[^.0-9eE]|$)"
+    found = pc.extract_regex(sub, f"{re.escape(json.dumps(key))}{_BLANK}:{_BLANK}{number}")
+    values = pc.cast(pc.struct_field(found, [0]), pa.int64())
+    return np.asarray(pc.fill_null(values, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def smallest_by_value(

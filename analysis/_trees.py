@@ -122,16 +122,23 @@ def _earliest(
     """Per row of a block, the column of the earliest-starting span among ``mine`` (0 when
     none): ties go to the longest, then to the smallest span id, so which of two spans
     starting together becomes the root never depends on row order."""
-    cand = mine.copy()
-    for values, lowest in ((start, True), (end, False), (hi, True), (lo, True)):
-        if values.dtype.kind == "u":
-            fill = np.iinfo(values.dtype).max if lowest else 0
-        else:
-            fill = np.iinfo(values.dtype).max if lowest else np.iinfo(values.dtype).min
-        masked = np.where(cand, values, fill)
-        best = masked.min(axis=1, keepdims=True) if lowest else masked.max(axis=1, keepdims=True)
-        cand &= masked == best
+    cand = _best(mine, start, True)
+    tied = np.flatnonzero(cand.sum(axis=1) > 1)  # usually none: later keys only for these
+    if len(tied):
+        sub = cand[tied]
+        for values, lowest in ((end, False), (hi, True), (lo, True)):
+            sub = _best(sub, values[tied], lowest)
+        cand[tied] = sub
     return cand.argmax(axis=1)
+
+
+def _best(cand: np.ndarray, values: np.ndarray, lowest: bool) -> np.ndarray:
+    """``cand`` narrowed, per row, to its columns of the lowest (or highest) value."""
+    info = np.iinfo(values.dtype)
+    fill = info.max if lowest else info.min
+    masked = np.where(cand, values, fill)
+    best = masked.min(axis=1, keepdims=True) if lowest else masked.max(axis=1, keepdims=True)
+    return cand & (masked == best)
 
 
 def _depths(parent: np.ndarray) -> np.ndarray:
@@ -156,6 +163,15 @@ request, in bounded slices) rather than by sorting: faster for the usual tens of
 _PAIRS_PER_SLICE = 1 << 24
 
 
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
+"""Odd multipliers folding an id's two words into one (wrapping uint64 arithmetic)."""
+
+
+def _mixed(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return (hi * _MIX[0]) ^ (lo * _MIX[1]) ^ (hi >> np.uint64(29))
+
+
 def _links_small(
     hi: np.ndarray, lo: np.ndarray, has: np.ndarray, phi: np.ndarray, plo: np.ndarray,
     has_parent: np.ndarray,
@@ -163,22 +179,34 @@ def _links_small(
     """`_links` by pairwise comparison, for a block without a repeated span id in any
     request (None otherwise: choosing which copy to keep is the sorting path's job). With
     unique ids there is nothing to drop, and a span's parent is the one other span of its
-    request whose id is its ``parent_id``."""
+    request whose id is its ``parent_id``.
+
+    Ids are compared as one folded word each (`_mixed`; a span without an id gets a word
+    of its own column). Two spans of a request with one word are a repeated id or a
+    collision, and both go to the sorting path; otherwise a word names at most one span,
+    whose whole id is then checked, so a fold never links a span to the wrong parent.
+    """
     n, k = hi.shape
+    cols = np.arange(k, dtype=np.uint64)
+    word = np.where(has, _mixed(hi, lo), cols[None])
+    ordered = np.sort(word, axis=1)
+    if (ordered[:, 1:] == ordered[:, :-1]).any():
+        return None
+    asked = _mixed(phi, plo)
     parent = np.full((n, k), -1, np.int64)
-    others = ~np.eye(k, dtype=bool)
     step = max(1, _PAIRS_PER_SLICE // (k * k))
     for first in range(0, n, step):
         rows = slice(first, first + step)
-        h, lo_, present = hi[rows], lo[rows], has[rows]
-        same = (h[:, :, None] == h[:, None, :]) & (lo_[:, :, None] == lo_[:, None, :])
-        if (same & present[:, :, None] & present[:, None, :] & others).any():
-            return None
-        match = phi[rows][:, :, None] == h[:, None, :]
-        match &= plo[rows][:, :, None] == lo_[:, None, :]
-        match &= present[:, None, :] & has_parent[rows][:, :, None] & others
-        found = match.any(axis=2)
-        parent[rows] = np.where(found, match.argmax(axis=2), -1)
+        match = asked[rows][:, :, None] == word[rows][:, None, :]
+        parent[rows] = np.where(match.any(axis=2), match.argmax(axis=2), -1)
+    at = np.maximum(parent, 0)
+    same = (
+        take_rows(has, at, fill=False)
+        & (take_rows(hi, at) == phi)
+        & (take_rows(lo, at) == plo)
+    )
+    parent = np.where(has_parent & (parent >= 0) & same & (parent != np.arange(k)[None]),
+                      parent, -1)
     return parent, np.ones((n, k), bool), parent >= 0
 
 

@@ -22,7 +22,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from ttft.analysis._buckets import iter_blocks, nearest_ancestor, take_rows
+from ttft.analysis._buckets import MAX_BITS, active_bits, iter_blocks, nearest_ancestor, take_rows
 from ttft.analysis._trees import CODE, N_STAGES
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.quality import Quality
@@ -260,9 +260,12 @@ class _Block:
         order = self._order
         first = np.take_along_axis(first, order, axis=1)
         stop = np.take_along_axis(stop, order, axis=1)
-        owner = np.full(length.shape, -1, np.int32)  # columns: a request may hold > 32767 spans
-        for r in range(self.k):
-            np.putmask(owner, self._active(first[:, r], stop[:, r]), r)
+        if self.k <= MAX_BITS:  # the highest active column is the top bit set
+            owner = np.frexp(active_bits(first, stop, length.shape[1]).astype(np.float64))[1] - 1
+        else:
+            owner = np.full(length.shape, -1, np.int32)  # a request may hold > 32767 spans
+            for r in range(self.k):
+                np.putmask(owner, self._active(first[:, r], stop[:, r]), r)
         out_stage = np.take_along_axis(self.out_stage, order, axis=1)
         stage = np.where(owner >= 0, take_rows(out_stage, owner), CODE["unattributed"])
         return self._sum_by_stage(stage, length)
@@ -277,12 +280,19 @@ class _Block:
         cov = raw.copy()
         length, first, stop = self._segments
         spans = self._sum_by_stage(self.stage, self.inc.astype(np.int64))
-        for code in np.flatnonzero((spans >= 2).any(axis=0)):
+        several = np.flatnonzero((spans >= 2).any(axis=0))
+        bits = (active_bits(first, stop, length.shape[1])
+                if self.k <= MAX_BITS and len(several) else None)
+        for code in several:
             rows = spans[:, code] >= 2
             mine = (self.stage[rows] == code) & self.inc[rows]
-            hit = np.zeros(length[rows].shape, bool)
-            for c in np.flatnonzero(mine.any(axis=0)):
-                hit |= self._active(first[rows, c], stop[rows, c]) & mine[:, c, None]
+            if bits is not None:
+                words = (mine * np.ldexp(1.0, np.arange(self.k))).sum(axis=1).astype(np.uint64)
+                hit = (bits[rows] & words[:, None]) != 0
+            else:
+                hit = np.zeros(length[rows].shape, bool)
+                for c in np.flatnonzero(mine.any(axis=0)):
+                    hit |= self._active(first[rows, c], stop[rows, c]) & mine[:, c, None]
             cov[rows, code] = np.where(hit, length[rows], 0).sum(axis=1)
         return cov
 
