@@ -22,7 +22,11 @@ Partition 0's files carry the input's ``rejected`` key (the importer's rejection
 ``ttft.analysis.quality.rejected_spans``); the other partitions' drop it, so summing over
 partitions equals the whole. ``_ttft_dataset.json`` is written last, the same way, so a
 dataset whose writing stopped half way is never read as one: a directory holding
-``part=K/`` directories and no ``_ttft_dataset.json`` is refused.
+``part=K/`` directories and no ``_ttft_dataset.json`` is refused. ``DATASET/_incoming/``
+(`STAGING_DIR`), when present, is the staging of ``ttft collect --partitions`` (a ``ttft
+collect`` directory of runs, ``collectors/staging.py``) that readers never read: beside a
+dataset file it is spans not yet partitioned in; without one, reading names the command
+that finishes it.
 
 ``DATASET`` may be a local path or a URL with a protocol (``s3://``, ``memory://``,
 ``file://``), read and written through `fsspec` and the filesystem package for the protocol
@@ -50,6 +54,7 @@ from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION
 
 __all__ = [
     "DATASET_FILE",
+    "STAGING_DIR",
     "dataset_info",
     "is_dataset",
     "is_url",
@@ -61,6 +66,7 @@ __all__ = [
 
 DATASET_FILE = "_ttft_dataset.json"
 """The dataset metadata file, written last: a directory without it is no dataset."""
+STAGING_DIR = "_incoming"
 
 FORMAT = "ttft-dataset"
 VERSION = 1
@@ -270,7 +276,8 @@ def looks_like_dataset(path: str | os.PathLike[str]) -> bool:
         return True
     if is_url(path) or not Path(path).is_dir():
         return False
-    return any(child.name.startswith(_PART_PREFIX) and child.is_dir()
+    return any((child.name.startswith(_PART_PREFIX) or child.name == STAGING_DIR)
+               and child.is_dir()
                for child in Path(path).iterdir())
 
 
@@ -299,6 +306,11 @@ def dataset_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     shown = _shown(path, DATASET_FILE)
     raw = _read_bytes(path, DATASET_FILE)
+    if raw is None and _exists(path, STAGING_DIR):
+        raise TraceFileError(path, f"an unfinished ttft collect --partitions (spans staged in "
+                                   f"{STAGING_DIR}/): finish it with ttft collect -o {path} "
+                                   f"--partitions N (stop it at once), or read them with ttft "
+                                   f"partition {_shown(path, STAGING_DIR)} -o OTHER")
     if raw is None:
         raise TraceFileError(shown, "missing: not a partitioned dataset, or one whose writing "
                                     "did not finish (this file is written last); write it "

@@ -6,12 +6,14 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ttft.reports.cli._app import app, err, fail
+from ttft.reports._text import plain
+from ttft.reports.cli._app import app, err, fail, progress
 
 _POLL_S = 0.2  # how often the wait loop wakes; bounds how late --duration stops
 
@@ -42,40 +44,29 @@ def _trap_signals(stop: threading.Event) -> dict[int, Any]:
             for number in (signal.SIGINT, signal.SIGTERM)}
 
 
-@app.command()
-def collect(
-    out: Annotated[Path, typer.Option("-o", "--out", help="directory for the trace (created "
-                                      "if missing); each run adds one .parquet file")],
-    host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
-    http_port: Annotated[int, typer.Option(min=0, max=65535,
-                                           help="OTLP/HTTP port; 0 picks a free one")] = 4318,
-    grpc_port: Annotated[int, typer.Option(min=0, max=65535,
-                                           help="OTLP/gRPC port; 0 picks a free one")] = 4317,
-    no_http: Annotated[bool, typer.Option("--no-http", help="do not listen for OTLP/HTTP")] = False,
-    no_grpc: Annotated[bool, typer.Option("--no-grpc", help="do not listen for OTLP/gRPC")] = False,
-    token: Annotated[str | None, typer.Option(
-        envvar="TTFT_COLLECT_TOKEN",
-        help="require 'Authorization: Bearer TOKEN' on every export")] = None,
-    duration: Annotated[float | None, typer.Option(
-        min=0, help="stop by itself after this many seconds")] = None,
-) -> None:
-    """Receive spans that OpenTelemetry SDKs export over OTLP (HTTP and gRPC) and write them
-    as one ttft trace file in --out, until Ctrl-C, SIGTERM or --duration. While it runs, the
-    spans so far are readable from the file's '.parts' directory."""
+@dataclass
+class _Listen:
+    """Where and how ``ttft collect`` listens."""
+
+    host: str
+    http_port: int | None
+    grpc_port: int | None
+    token: str | None
+
+
+def _receive(out: Path, listen: _Listen, duration_s: float | None) -> None:
+    """Receive into a new trace file in ``out`` until a signal or ``duration_s``, then
+    close it and say what was collected."""
     from ttft.collectors import TraceWriter
     from ttft.collectors.otlp_grpc import Collector
 
-    if no_http and no_grpc:
-        raise fail("--no-http and --no-grpc together leave nothing to listen on")
-    if out.exists() and not out.is_dir():
-        raise fail(f"{out}: not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         writer = TraceWriter(_trace_path(out), log=True)
     except OSError as exc:
         raise fail(f"{out}: cannot write a trace there ({exc.strerror or exc})") from None
-    collector = Collector(writer, host=host, http_port=None if no_http else http_port,
-                          grpc_port=None if no_grpc else grpc_port, token=token)
+    collector = Collector(writer, host=listen.host, http_port=listen.http_port,
+                          grpc_port=listen.grpc_port, token=listen.token)
     stop = threading.Event()
     previous = _trap_signals(stop)  # before start, so an early Ctrl-C still closes the writer
     try:
@@ -95,7 +86,7 @@ def collect(
         err.print(f"writing spans to {writer.path} (Ctrl-C to stop)", markup=False,
                   soft_wrap=True)
         try:
-            _wait(stop, duration)
+            _wait(stop, duration_s)
         finally:
             drained = collector.stop()
     finally:
@@ -114,3 +105,107 @@ def collect(
         + "".join(f"; {note}" for note in notes) + f") into {writer.path}",
         markup=False, soft_wrap=True,
     )
+
+
+@app.command()
+def collect(
+    out: Annotated[Path, typer.Option("-o", "--out", help="directory for the trace (created "
+                                      "if missing); each run adds one .parquet file; with "
+                                      "--partitions, the dataset directory")],
+    host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
+    http_port: Annotated[int, typer.Option(min=0, max=65535,
+                                           help="OTLP/HTTP port; 0 picks a free one")] = 4318,
+    grpc_port: Annotated[int, typer.Option(min=0, max=65535,
+                                           help="OTLP/gRPC port; 0 picks a free one")] = 4317,
+    no_http: Annotated[bool, typer.Option("--no-http", help="do not listen for OTLP/HTTP")] = False,
+    no_grpc: Annotated[bool, typer.Option("--no-grpc", help="do not listen for OTLP/gRPC")] = False,
+    token: Annotated[str | None, typer.Option(
+        envvar="TTFT_COLLECT_TOKEN",
+        help="require 'Authorization: Bearer TOKEN' on every export")] = None,
+    duration: Annotated[float | None, typer.Option(
+        min=0, help="stop by itself after this many seconds")] = None,
+    partitions: Annotated[int | None, typer.Option(
+        "--partitions", metavar="N",
+        help="write --out as a partitioned dataset of N partitions (as ttft partition "
+             "does): spans are received durably into OUT/_incoming/ and partitioned at "
+             "the stop, which holds them all in memory (and, collecting into an existing "
+             "dataset of N partitions, its spans too: about what ttft analyze of them "
+             "needs)")] = None,
+) -> None:
+    """Receive spans that OpenTelemetry SDKs export over OTLP (HTTP and gRPC) and write them
+    as one ttft trace file in --out, until Ctrl-C, SIGTERM or --duration. While it runs, the
+    spans so far are readable from the file's '.parts' directory.
+
+    With --partitions N, --out is a partitioned dataset: new, empty, or one an earlier
+    collect wrote with the same N, whose spans are partitioned again with the new ones into
+    a new dataset swapped in at the stop (the old one stays readable until then). Spans a
+    killed collect staged are partitioned in by the next one."""
+    if no_http and no_grpc:
+        raise fail("--no-http and --no-grpc together leave nothing to listen on")
+    if out.exists() and not out.is_dir():
+        raise fail(f"{out}: not a directory")
+    listen = _Listen(host, None if no_http else http_port, None if no_grpc else grpc_port,
+                     token)
+    if partitions is None:
+        _receive(out, listen, duration)
+        return
+    if partitions < 1:
+        raise fail(f"--partitions must be at least 1, not {partitions}")
+    _collect_dataset(out, partitions, listen, duration)
+
+
+def _collect_dataset(out: Path, partitions: int, listen: _Listen,
+                     duration_s: float | None) -> None:
+    """``ttft collect --partitions``: receive into the dataset's staging, then partition
+    it in (``reports/runs/partitioned.py``), holding the dataset's lock throughout."""
+    from ttft.collectors import TraceFileError
+    from ttft.collectors.staging import holding, recover, staging_path
+    from ttft.reports.cli.partition import describe_written
+    from ttft.reports.runs.partitioned import finish_staging
+
+    staging = staging_path(out)
+    try:
+        with holding(out):
+            recover(out)
+            _check_dataset(out, partitions)
+            try:
+                _receive(staging, listen, duration_s)
+            except typer.Exit:
+                if staging.is_dir() and not any(staging.iterdir()):
+                    staging.rmdir()  # a run that never started leaves no staging
+                raise
+            written = finish_staging(out, partitions, progress)
+    except KeyboardInterrupt:
+        raise fail(f"interrupted while partitioning; the spans stay staged in {staging}: "
+                   f"run ttft collect -o {out} --partitions {partitions} again") from None
+    except (TraceFileError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"{exc.filename or out}: cannot write ({exc.strerror or exc})") from None
+    if written is not None:
+        err.print(plain(describe_written(written)), soft_wrap=True)
+
+
+def _check_dataset(out: Path, partitions: int) -> None:
+    """Refuse an ``out`` that is not new, empty, or a dataset of ``partitions`` (with or
+    without the staging of a killed collect); say when staged runs will be partitioned in.
+
+    Raises:
+        ValueError: the message says what ``out`` is.
+    """
+    from ttft.collectors import is_dataset
+    from ttft.collectors.staging import STAGING_DIR, staging_path
+    from ttft.reports.runs.partitioned import check_partitions
+
+    if not out.is_dir():
+        return
+    if not is_dataset(out) and any(child.name != STAGING_DIR for child in out.iterdir()):
+        raise ValueError(f"{out}: neither a ttft dataset nor empty; collect a dataset into a "
+                         "new or empty directory, or one an earlier collect --partitions wrote")
+    check_partitions(out, partitions)
+    staging = staging_path(out)
+    earlier = sorted(staging.iterdir()) if staging.is_dir() else []
+    if earlier:
+        runs = f"{len(earlier)} run{'' if len(earlier) == 1 else 's'}"
+        err.print(plain(f"{staging}: {runs} of an earlier collect, partitioned in at the "
+                        "stop"), soft_wrap=True)

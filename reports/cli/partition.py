@@ -13,7 +13,7 @@ from ttft.reports.cli._app import app, err, fail, load_trace, progress
 from ttft.reports.cli._options import FormatOption, MappingOption
 
 if TYPE_CHECKING:
-    import numpy as np
+    from ttft.reports.runs.partitioned import Written
 
 
 def _refuse_nonempty(out: str) -> None:
@@ -54,8 +54,8 @@ def partition(
     export read a dataset as one trace."""
     import pyarrow as pa
 
-    from ttft.analysis.partition import partition_rows
-    from ttft.collectors import TraceFileError, write_dataset
+    from ttft.collectors import TraceFileError
+    from ttft.reports.runs.partitioned import write_partitioned
 
     _refuse_nonempty(out)
     tables, first = [], None
@@ -65,28 +65,19 @@ def partition(
         first = metadata if first is None else first
     metadata = {**(first or {}), "inputs": [str(trace) for trace in traces]}
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    with progress(f"partitioning {table.num_rows:,} spans"):
-        rows = partition_rows(table, partitions)
     try:
-        with progress(f"writing {out}"):
-            write_dataset(out, table, rows.owner, rows.copy_rows, rows.copy_partitions,
-                          partitions, rows.key, metadata)
+        written = write_partitioned(out, table, partitions, metadata, progress)
     except (TraceFileError, ValueError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"{exc.filename or out}: cannot write ({exc.strerror or exc})") from None
-    copies = len(rows.copy_rows)
-    largest = int((_counts(rows.owner, partitions)
-                   + _counts(rows.copy_partitions, partitions)).max())
-    share = 100 * copies / table.num_rows if table.num_rows else 0.0
-    err.print(plain(
-        f"wrote {out}: {partitions:,} partitions, {rows.requests:,} requests, "
-        f"{table.num_rows:,} spans (+{copies:,} copied step rows, {share:.1f}%), "
-        f"largest partition {largest:,} spans"), soft_wrap=True)
+    err.print(plain(describe_written(written)), soft_wrap=True)
 
 
-def _counts(partition_of: np.ndarray, partitions: int) -> np.ndarray:
-    """How many entries of ``partition_of`` name each partition 0..partitions-1."""
-    import numpy as np
-
-    return np.bincount(np.asarray(partition_of, dtype=np.int64), minlength=partitions)
+def describe_written(written: Written) -> str:
+    """The line saying what a dataset write wrote (``ttft partition``, ``ttft collect
+    --partitions``)."""
+    share = 100 * written.copies / written.spans if written.spans else 0.0
+    return (f"wrote {written.out}: {written.partitions:,} partitions, {written.requests:,} "
+            f"requests, {written.spans:,} spans (+{written.copies:,} copied step rows, "
+            f"{share:.1f}%), largest partition {written.largest:,} spans")
