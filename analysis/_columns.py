@@ -75,9 +75,6 @@ def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, 
     straight from the Arrow buffer as two big-endian words, so numeric order is byte order
     of the strings; any other form falls back to ranks of the sorted distinct strings.
     """
-    if isinstance(col, pa.ChunkedArray) and col.num_chunks > 1:
-        parts = [id_values(chunk) for chunk in col.chunks]
-        return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
     arr = _array(col)
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(pa.string())
@@ -95,10 +92,15 @@ def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, 
         return high, low, present
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
     lengths = np.diff(offsets)
-    if np.all(lengths[present] == 16) and not lengths[~present].any():
+    nulls = n - int(present.sum())
+    if int(offsets[-1] - offsets[0]) == 16 * (n - nulls) and np.all(
+        lengths == np.where(present, 16, 0) if nulls else lengths == 16
+    ):
         first = int(offsets[0])
         raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[first : int(offsets[-1])]
-        words = raw.view(">u8").reshape(-1, 2).astype(np.uint64)
+        words = raw.view(">u8").reshape(-1, 2)
+        if not nulls:
+            return words[:, 0].astype(np.uint64), words[:, 1].astype(np.uint64), present
         high[present], low[present] = words[:, 0], words[:, 1]
         return high, low, present
     enc = pc.dictionary_encode(arr)

@@ -215,13 +215,16 @@ def measure_speed(path: Path, rounds: int, single: bool) -> dict[str, Any]:
     return out
 
 
-def measure_memory(path: Path) -> tuple[float, list[int]]:
-    """One run on a fresh 2-worker cluster: its time and each worker's peak RSS."""
+def measure_memory(path: Path) -> tuple[float, list[int], int]:
+    """One run on a fresh 2-worker cluster: its time, each worker's peak RSS and the
+    driver's (this process's, its peak reset just before the run)."""
     with ExitStack() as stack:
         cluster, client = _cluster(stack, 2)
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
         took, *_ = _timed(path, cluster.scheduler_address, client)
+        driver = _peak_rss_bytes()
         peaks = client.run(_peak_rss_bytes)
-    return took, sorted(peaks.values())
+    return took, sorted(peaks.values()), driver
 
 
 def _arguments() -> argparse.Namespace:
@@ -238,6 +241,9 @@ def _arguments() -> argparse.Namespace:
                         help="skip the single-process run above this many spans")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="1M spans, 8 partitions, 1 round")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="only the memory runs at --sizes (the 100M-span check without "
+                             "the hour of speed rounds)")
     add_json_option(parser)
     args = parser.parse_args()
     if args.quick:
@@ -282,36 +288,42 @@ def main() -> None:
               file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="ttft-scale-") as tmp:
         datasets: dict[int, tuple[Path, dict[str, Any]]] = {}
-        for size in sorted({args.spans, *args.sizes}):
+        wanted = set(args.sizes) if args.memory_only else {args.spans, *args.sizes}
+        for size in sorted(wanted):
             path = Path(tmp) / f"spans-{size}"
             partitions = max(1, round(args.partitions * size / args.spans))
             print(f"building {size:,} spans in {partitions} partitions ...", file=sys.stderr,
                   flush=True)
             datasets[size] = (path, build_dataset(path, size, partitions, args.chunk_spans,
                                                   args.seed))
-        path, info = datasets[args.spans]
-        speed = measure_speed(path, args.rounds, info["spans"] <= args.single_max_spans)
+        path, info = datasets[args.spans if not args.memory_only else args.sizes[-1]]
+        speed = (None if args.memory_only else
+                 measure_speed(path, args.rounds, info["spans"] <= args.single_max_spans))
         memory = {size: measure_memory(datasets[size][0]) for size in args.sizes}
-    print(f"dataset: {info['spans']:,} spans (+{info['copies']:,} borrowed step rows) in "
-          f"{info['partitions']} partitions, generated in {info['chunks']} chunk(s) and "
-          f"written in {info['build_s']:.1f} s; {os.cpu_count()} CPUs"
-          f"{' (--quick)' if args.quick else ''}")
-    rate = _print_speed(info, speed, args.rounds)
+    for size in sorted(datasets):
+        built = datasets[size][1]
+        print(f"dataset: {built['spans']:,} spans (+{built['copies']:,} borrowed step rows) in "
+              f"{built['partitions']} partitions, generated in {built['chunks']} chunk(s) and "
+              f"written in {built['build_s']:.1f} s; {os.cpu_count()} CPUs"
+              f"{' (--quick)' if args.quick else ''}")
+    rate = {} if speed is None else _print_speed(info, speed, args.rounds)
     print(f"\n{'memory: dataset spans':<26}{'partitions':>11}{'spans/part':>12}"
-          f"{'2-worker run s':>16}{'peak RSS per worker (GiB)':>28}")
+          f"{'2-worker run s':>16}{'spans/s':>12}{'peak RSS per worker (GiB)':>28}"
+          f"{'driver (GiB)':>14}")
     for size in args.sizes:
         size_info = datasets[size][1]
-        took, peaks = memory[size]
+        took, peaks, driver = memory[size]
         print(f"{size_info['spans']:<26,}{size_info['partitions']:>11}"
               f"{size_info['spans'] / size_info['partitions']:>12,.0f}{took:>16.2f}"
-              f"{'  '.join(f'{p / GIB:.2f}' for p in peaks):>28}")
+              f"{size_info['spans'] / took:>12,.0f}"
+              f"{'  '.join(f'{p / GIB:.2f}' for p in peaks):>28}{driver / GIB:>14.2f}")
     peak = {size: max(memory[size][1]) / GIB for size in args.sizes}
     small, large = args.sizes
     growth = peak[large] / peak[small]
     print(f"largest / smallest size's peak: {growth:.2f}× for {large / small:.0f}× the spans "
           f"(goals: ≤ {GOAL_PEAK_GIB} GiB per worker, ≤ {GOAL_PEAK_GROWTH}×); the issue's "
           "100M-span run is --spans 100000000 --partitions 64")
-    figures = [
+    figures = [] if speed is None else [
         Figure("scale", f"1 worker, end to end, {info['spans'] / 1e6:.0f}M spans", rate[1],
                "spans/s"),
         Figure("scale", "2 workers, end to end", rate[2], "spans/s"),
