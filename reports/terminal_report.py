@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ttft.reports._colours import colour
 from ttft.reports._text import plain
-from ttft.reports.report_data import ReportData
+from ttft.reports.report_data import FIT_MIN_R2, ReportData
 from ttft.reports.terminal import (
     fit,
     render_failures,
@@ -211,21 +211,33 @@ def _prefill(data: ReportData) -> Table | None:
     table = Table(
         title="prefill compute (own chunks) vs tokens computed: a + b·n + c·n²",
         title_justify="left",
+        caption=f"a fit explaining under R² {FIT_MIN_R2:g} of the variance is not shown, and "
+        "none is read outside the tokens measured (—)",
+        caption_justify="left",
     )
-    for name in ("condition", "points", "a ms", "b µs/token", "c ns/token²", "R²"):
+    for name in ("condition", "points", "tokens", "a ms", "b µs/token", "c ns/token²", "R²"):
         table.add_column(name, justify="left" if name == "condition" else "right")
-    for n in (512, 2048):
+    sizes = (512, 2048)
+    for n in sizes:
         table.add_column(f"at {n} ms", justify="right")
+    points = data.prefill_points
     for cond, found in data.prefill_fits.items():
-        at = found.predict_ns(np.array([512.0, 2048.0])) / 1e6
+        tokens = points.loc[points["condition"] == cond, "computed_tokens"]
+        lo, hi = (int(tokens.min()), int(tokens.max())) if len(tokens) else (0, -1)
+        shown = found.r2 >= FIT_MIN_R2
+        at = found.predict_ns(np.array(sizes, dtype=np.float64)) / 1e6
+        coefficients = (
+            (f"{found.a_ns / 1e6:,.3f}", f"{found.b_ns_per_token / 1e3:,.3f}",
+             f"{found.c_ns_per_token2:,.4f}") if shown else ("—", "—", "—")
+        )
         table.add_row(
             plain(cond),
             f"{found.points:,}",
-            f"{found.a_ns / 1e6:,.3f}",
-            f"{found.b_ns_per_token / 1e3:,.3f}",
-            f"{found.c_ns_per_token2:,.4f}",
+            f"{lo:,}–{hi:,}" if hi >= lo else "—",
+            *coefficients,
             f"{found.r2:.3f}",
-            *(f"{v:,.2f}" for v in at),
+            *(f"{v:,.2f}" if shown and lo <= n <= hi else "—" for n, v in zip(sizes, at,
+                                                                              strict=True)),
         )
     return table
 

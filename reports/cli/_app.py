@@ -42,6 +42,23 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def require_engine(command: str) -> None:
+    """Return when PyTorch (the ``engine`` extra, which the reference engine runs on) can
+    be imported.
+
+    Raises:
+        typer.Exit: code 2, after one line saying ``ttft COMMAND`` needs it and how to
+            install it.
+    """
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise fail(f"ttft {command} needs PyTorch, which is not installed: "
+                   "pip install 'ttft[engine]'") from None
+
+
 @contextmanager
 def progress(message: str):
     """A spinner on stderr while ``message`` (plain text) runs (only on a terminal)."""

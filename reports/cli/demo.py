@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from ttft.reports.cli._app import app, err, fail, stdout_console
+from ttft.reports.cli._app import app, err, fail, require_engine, stdout_console
 
 if TYPE_CHECKING:
     from ttft.reports.runs.demo import Capacity, DemoResult
@@ -33,6 +33,7 @@ def demo(
     where each request's time to first token went; the HTML report goes beside the trace.
     Unless --rate is given, a short closed loop first measures what this machine serves
     and the demo offers 60% of it."""
+    require_engine("demo")
     from ttft.reports.cli._progress import RunDisplay
     from ttft.reports.runs.demo import PROBE_CONCURRENCY, PROBE_S, run_demo
     from ttft.reports.terminal import render_analysis

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ttft.reports._text import plain
-from ttft.reports.cli._app import app, err, fail, stdout_console
+from ttft.reports.cli._app import app, err, fail, require_engine, stdout_console
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,6 +67,7 @@ def profile_prefill(
     """Profile prefill apart from decode: per length, the median time of the engine's
     chunked prefill, tokens/s, FLOP/s, compute- or memory-bound against this machine's
     measured peaks, and the quadratic fit a + b·n + c·n² per condition and chunk size."""
+    require_engine("profile-prefill")
     import torch
 
     from ttft.collectors import write_trace

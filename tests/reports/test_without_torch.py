@@ -1,6 +1,7 @@
 """Tracing and analysing need no PyTorch (it is the ``engine`` extra): ``ttft synth``,
 ``analyze``, ``report``, ``trace`` and ``collect`` run in a process where ``import torch``
-fails, and ``ttft serve`` there says in one line what to install."""
+fails, and ``ttft serve``, ``demo`` and ``profile-prefill`` there say in one line what to
+install."""
 
 from __future__ import annotations
 
@@ -39,10 +40,13 @@ def no_torch_env(tmp_path_factory) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def _command() -> list[str]:
     beside = Path(sys.executable).parent / "ttft"
-    script = str(beside) if beside.exists() else "ttft"
-    return subprocess.run([script, *args], env=env, capture_output=True, text=True,
+    return [str(beside) if beside.exists() else "ttft"]
+
+
+def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*_command(), *args], env=env, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -76,7 +80,12 @@ def test_trace_and_collect_need_no_torch(no_torch_env, tmp_path):
     assert collected.returncode == 0, collected.stderr
 
 
-def test_serve_without_torch_says_what_to_install(no_torch_env):
-    result = _run(no_torch_env, "serve", "--port", "0")
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["demo", "--requests", "2"],
+                                     ["profile-prefill", "-o", "profile.parquet"]])
+def test_engine_commands_without_torch_say_what_to_install(no_torch_env, tmp_path, command):
+    result = subprocess.run([*_command(), *command], env=no_torch_env, capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
     assert (result.returncode, result.stderr.strip()) == (
-        2, "error: ttft serve needs PyTorch, which is not installed: pip install 'ttft[engine]'")
+        2, f"error: ttft {command[0]} needs PyTorch, which is not installed: "
+           "pip install 'ttft[engine]'")
+    assert list(tmp_path.iterdir()) == []  # nothing written
