@@ -21,7 +21,10 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +103,53 @@ class LogSegment:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+class GroupCommit:
+    """One fsync at a time, shared by every append it covers (group commit).
+
+    An append waiting to be made durable either runs the fsync itself, when none is
+    running, or waits for the running one to end and then looks again: the fsync that
+    started after its write covers it. Waiters wait on the end of an fsync, not on its lock,
+    so the thread that ran one cannot take the lock back first (Python's locks are not
+    fair) and leave the appends it covered queued behind its next fsync.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ended = threading.Condition()
+        self._round = 0  # how many times the lock was released
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the lock (no fsync of this commit runs meanwhile)."""
+        self._lock.acquire()
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._lock.release()
+        with self._ended:
+            self._round += 1
+            self._ended.notify_all()
+
+    def sync(self, covered: Callable[[], bool], fsync: Callable[[], None]) -> None:
+        """Return once ``covered()`` (which may raise); until then, run ``fsync()`` under
+        the lock when it is free, else wait for the fsync running to end."""
+        while not covered():
+            with self._ended:
+                seen = self._round
+            if self._lock.acquire(blocking=False):
+                try:
+                    if not covered():
+                        fsync()
+                finally:
+                    self._release()
+                continue
+            with self._ended:  # the timeout bounds only a wait that no release would end
+                self._ended.wait_for(lambda seen=seen: self._round != seen, 1.0)
 
 
 @dataclass

@@ -27,7 +27,13 @@ from ttft.collectors._files import (
     uncovered_logs,
     write_atomic,
 )
-from ttft.collectors._log import LogSegment, encode_batch, encode_metadata, read_log
+from ttft.collectors._log import (
+    GroupCommit,
+    LogSegment,
+    encode_batch,
+    encode_metadata,
+    read_log,
+)
 from ttft.collectors._spans import to_span_table
 from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
@@ -135,7 +141,7 @@ class TraceWriter:
                          self._metadata_json())
         self._lock = threading.Lock()  # guards the buffer, counters, metadata and segment
         self._io_lock = threading.Lock()  # serializes part writes and the merge
-        self._sync_lock = threading.Lock()  # one fsync at a time; segment rotation under it
+        self._commit = GroupCommit()  # one fsync at a time; segment rotation under it
         self._buffer: list[pa.Table] = []
         self._buffered_rows = 0
         self._oldest_ns: int | None = None  # monotonic time of the oldest buffered append
@@ -239,17 +245,20 @@ class TraceWriter:
         self._sync(sequence)
 
     def _sync(self, sequence: int) -> None:
-        with self._sync_lock:
-            if self._sync_failed is not None:
-                raise OSError(f"{self.path}: the span log could not be made durable "
-                              f"({self._sync_failed})")
-            if self._synced >= sequence:
-                return  # an fsync that started after this append covered it
-            with self._lock:
-                segment, target = self._segment, self._appended
-            if segment is not None:
-                segment.sync()
-            self._synced = target
+        self._commit.sync(lambda: self._covered(sequence), self._fsync_log)
+
+    def _covered(self, sequence: int) -> bool:
+        if self._sync_failed is not None:
+            raise OSError(f"{self.path}: the span log could not be made durable "
+                          f"({self._sync_failed})")
+        return self._synced >= sequence  # an fsync that started after the append covered it
+
+    def _fsync_log(self) -> None:
+        with self._lock:
+            segment, target = self._segment, self._appended
+        if segment is not None:
+            segment.sync()
+        self._synced = target
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Write the buffered rows as one part file now (nothing if none are buffered).
@@ -271,7 +280,7 @@ class TraceWriter:
     def _rotate(self, last: bool) -> tuple[list[pa.Table], int, int, bytes, LogSegment | None]:
         """Take the buffer and, with a log, start the next part's segment (none if ``last``);
         the segment that held the buffer is fsynced and closed. Holds the sync lock."""
-        with self._sync_lock, self._lock:
+        with self._commit.holding(), self._lock:
             index = self._next_part
             old = self._segment
             if not self._buffer:

@@ -159,13 +159,17 @@ def test_concurrent_durable_appends_share_fsyncs(tmp_path, monkeypatch):
 
     def counted_fsync(fd):
         fsyncs.append(fd)
-        slow.wait(0.02)  # a slow disk makes appends pile up behind each fsync
+        slow.wait(0.05)  # a slow disk makes appends pile up behind each fsync (even when
+        # a loaded machine runs the senders one after another)
         real_fsync(fd)
 
     monkeypatch.setattr(log_module.os, "fsync", counted_fsync)
     n_threads, per_thread = 8, 25
 
+    start = threading.Barrier(n_threads)
+
     def sender(k):
+        start.wait(30)
         for j in range(per_thread):
             i = (k * per_thread + j) * 2
             writer.append(rows(i, i + 2), durable=True)
