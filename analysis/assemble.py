@@ -25,7 +25,7 @@ from ttft.analysis._conditions import conditions, max_cached
 from ttft.analysis._grouping import clock_kinds, decode, group, step_keys
 from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._trees import CODE, MAX_NS, NONE_NS, Spans, resolve_trees
-from ttft.analysis.quality import Quality, rejected_spans
+from ttft.analysis.quality import Quality, estimated_spans, rejected_spans
 from ttft.tracer.schema import (
     BOUNDARY_NAMES,
     EV_FIRST_BYTE,
@@ -157,6 +157,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     """
     quality = Quality()
     quality.add("rejected_span", *rejected_spans(table))
+    quality.add("estimated_span", *estimated_spans(table))
     d = decode(table)
     trace, trace_values, start, end, stage = d.trace, d.trace_values, d.start, d.end, d.stage
     clock_raw, clock_values, is_client, valid = d.clock_raw, d.clock_values, d.is_client, d.valid

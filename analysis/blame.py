@@ -3,13 +3,15 @@
 A request is a request of the assembly (``analysis.assemble``: traces sharing a
 ``request_id`` are one request). Its waits are its ``queue`` spans (waiting for admission),
 its ``batch_wait`` spans (admitted, waiting for its first chunk: other requests' admission
-and the chunks that run before its own in the step that carries it) and the gaps between its
-consecutive ``prefill.chunk`` spans. Each wait is split by the engine's ``step`` spans on
-the same ``(service, clock)``: the part of a step that overlaps the wait goes to ``prefill``
-and ``decode`` in proportion to the step's ``prefill_tokens`` (less this request's own
-``chunk_tokens`` in that step, matched by ``step_id``) and ``decode_tokens``; a step whose
-split is not known goes to ``unknown``; wait time under no step is ``idle`` (the engine had
-nothing to run, or was between steps: planning and admitting requests).
+and the chunks that run before its own in the step that carries it), its ``kv_transfer``
+spans from the end of its last prefill chunk on (disaggregated serving: the part of the
+transfer its prefill did not hide) and the gaps between its consecutive ``prefill.chunk``
+spans. Each wait is split by the engine's ``step`` spans on the same ``(service, clock)``
+(for a transfer, the worker that recorded it): the part of a step that overlaps the wait
+goes to ``prefill`` and ``decode`` in proportion to the step's ``prefill_tokens`` (less this
+request's own ``chunk_tokens`` in that step, matched by ``step_id``) and ``decode_tokens``;
+a step whose split is not known goes to ``unknown``; wait time under no step is ``idle``
+(the engine had nothing to run, or was between steps: planning and admitting requests).
 
 Vectorized over waits: steps are sorted per ``(service, clock)`` and each step's end is
 clipped to the next step's start (overlapping steps never count twice), so a wait's steps
@@ -22,10 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from ttft.analysis import _columns as col
 from ttft.analysis._request_columns import request_columns
-from ttft.analysis.assemble import Assembly
+from ttft.analysis.assemble import Assembly, Rows
 from ttft.tracer.schema import (
     ATTR_CHUNK_TOKENS,
     ATTR_DECODE_TOKENS,
@@ -33,11 +36,12 @@ from ttft.tracer.schema import (
     ATTR_STEP_ID,
 )
 
-SPAN_WAITS = ("queue", "batch_wait")
+SPAN_WAITS = ("queue", "batch_wait", "kv_transfer")
 """The waits that are spans of their own stage."""
 WAITS = (*SPAN_WAITS, "between_chunks")
-"""The waits blame splits: ``queue`` and ``batch_wait`` spans, and gaps between a request's
-prefill chunks."""
+"""The waits blame splits: ``queue``, ``batch_wait`` and ``kv_transfer`` spans (a transfer
+from the end of the request's last prefill chunk on: the part overlapped with its own
+prefill is not waiting), and gaps between a request's prefill chunks."""
 KINDS = ("prefill", "decode", "unknown", "idle")
 """What the engine was doing during a wait; the frame of `blame` has a ``<kind>_ns`` each."""
 COLUMNS = ("trace_id", "request_id", "condition", "wait", "wait_ns", *(f"{k}_ns" for k in KINDS))
@@ -51,7 +55,7 @@ SUMMARY_COLUMNS = (
 )
 
 
-def blame(asm: Assembly) -> pd.DataFrame:
+def blame(asm: Assembly, step_spans: pa.Table | None = None) -> pd.DataFrame:
     """Split every request's waiting time by what the engine executed meanwhile.
 
     Args:
@@ -59,6 +63,12 @@ def blame(asm: Assembly) -> pd.DataFrame:
             times and valid rows are used (rows it counts as defects, such as a missing
             field or an end before the start, are not); the ``step`` spans are those of
             any trace. Missing or malformed attributes count as absent and never raise.
+        step_spans: the ``step`` spans to split by instead of the assembly's own: valid
+            rows with ``service``, ``clock``, ``start_ns``, ``end_ns`` (already on the
+            assembly's clock) and ``attributes`` as ``SPAN_SCHEMA`` has them (one partition
+            of a dataset blamed against every step of the dataset,
+            ``analysis.partial_report.global_steps``); a step whose service or clock the
+            assembly lacks overlaps none of its waits.
 
     Returns:
         One row per (request, wait) with wait time > 0, in the order of ``asm.requests``
@@ -76,11 +86,14 @@ def blame(asm: Assembly) -> pd.DataFrame:
     start, end = rows.start_ns, rows.end_ns
     group = (rows.service.astype(np.int64) + 1) * (len(rows.clock_values) + 1) + rows.clock + 1
     attrs = rows.table.column("attributes")
-    steps = _Steps(attrs, rows.of("step"), start, end, group, rows.service)
+    if step_spans is None:
+        steps = _Steps(attrs, rows.of("step"), start, end, group, rows.service)
+    else:
+        steps = _Steps(*_outside_steps(rows, step_spans))
     chunk_rows = rows.of("prefill.chunk", requests_only=True)
     span_rows = [rows.of(w, requests_only=True) for w in SPAN_WAITS]
     iv_req, iv_wait, iv_a, iv_b, iv_group = _intervals(
-        span_rows, chunk_rows, rows.req, start, end, group
+        span_rows, chunk_rows, rows.req, start, end, group, len(asm.requests)
     )
     if len(iv_req) == 0:
         return _empty(COLUMNS)
@@ -240,6 +253,24 @@ class _Steps:
             np.add.at(part, iv, new - old)
 
 
+def _outside_steps(rows: Rows, spans: pa.Table) -> tuple:
+    """`_Steps`'s arguments for step ``spans`` of another table: their services and
+    clocks coded as ``rows`` codes them (-2 and group -1 where ``rows`` lacks the name)."""
+    service = _codes_in(spans.column("service"), rows.service_values)
+    clock = _codes_in(spans.column("clock"), rows.clock_values)
+    known = (service > -2) & (clock > -2)
+    group = np.where(known, (service + 1) * (len(rows.clock_values) + 1) + clock + 1, -1)
+    start, end = col.int64(spans.column("start_ns")), col.int64(spans.column("end_ns"))
+    return spans.column("attributes"), np.arange(spans.num_rows), start, end, group, service
+
+
+def _codes_in(column: pa.ChunkedArray, values: list[str]) -> np.ndarray:
+    """The code of each value of ``column`` in ``values``: -1 for null, -2 when absent."""
+    codes, names = col.codes(column)
+    index = {value: i for i, value in enumerate(values)}
+    return np.array([index.get(name, -2) for name in names] + [-1], np.int64)[codes]
+
+
 def _split(ov_ns, prefill, decode, own) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``ov_ns`` of steps into (prefill, decode, unknown) ns: prefill gets
     ``floor(ov * p / (p + d))`` with ``p`` the prefill tokens less ``own`` (-1: unknown)."""
@@ -254,16 +285,22 @@ def _split(ov_ns, prefill, decode, own) -> tuple[np.ndarray, np.ndarray, np.ndar
     return pre, np.where(known, ov_ns - pre, 0), np.where(known, 0, ov_ns)
 
 
-def _intervals(span_rows, chunk_rows, req, start, end, group):
+def _intervals(span_rows, chunk_rows, req, start, end, group, n_req):
     """Waits as arrays (request, wait index, a, b, group), each with ``b > a``.
 
-    ``span_rows`` holds the rows of each of `SPAN_WAITS`, in order. Gaps are taken between
-    consecutive chunks of one request on one (service, clock), sorted by start, from the
-    latest chunk end so far (overlapping chunks leave no gap).
+    ``span_rows`` holds the rows of each of `SPAN_WAITS`, in order; a ``kv_transfer`` starts
+    no earlier than the latest end of its request's chunks (any worker, clocks aligned).
+    Gaps are taken between consecutive chunks of one request on one (service, clock), sorted
+    by start, from the latest chunk end so far (overlapping chunks leave no gap).
     """
+    prefill_end = np.full(n_req, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(prefill_end, req[chunk_rows], end[chunk_rows])
+    transfer = SPAN_WAITS.index("kv_transfer")
     out = []
     for wait, rows in enumerate(span_rows):
         a, b = start[rows], end[rows]
+        if wait == transfer:
+            a = np.maximum(a, prefill_end[req[rows]])
         keep = b > a
         out.append((req[rows][keep], wait, a[keep], b[keep], group[rows][keep]))
     if len(chunk_rows) > 1:

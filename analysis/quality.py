@@ -28,11 +28,15 @@ DEFECTS: tuple[str, ...] = (
     "outside_window",
     "clock_shift",
     "rejected_span",
+    "estimated_span",
 )
 """Every defect analysis counts; ``missing_field`` (a row without trace id or times, or
 with a time outside ``analysis.clocks.TIME_LIMIT_NS``) is ttft's addition to DESIGN.md's
 list, and so is ``rejected_span`` (a span the importer could not turn into a row, counted
-in the table's run metadata under ``rejected``: ``{"count": n, "examples": [...]}``)."""
+in the table's run metadata under ``rejected``: ``{"count": n, "examples": [...]}``), and
+``estimated_span`` (a span whose interval the source estimated rather than measured, such as
+Dynamo's K/V transfer upper bound: kept and attributed, counted in the run metadata under
+``estimated`` in the same shape, each carrying ``tracer.schema.ATTR_ESTIMATED``)."""
 
 MEANING: dict[str, str] = {
     "missing_field": "row without trace_id, start_ns or end_ns, or with a time beyond "
@@ -44,6 +48,8 @@ MEANING: dict[str, str] = {
     "outside_window": "request-level span wholly outside its request's client/server span",
     "clock_shift": "server span starts before its client span, after clock alignment",
     "rejected_span": "span the importer could not store (a bad id or time; not in the table)",
+    "estimated_span": "span the source estimated, not measured (e.g. Dynamo's kv_transfer, "
+    "an upper bound; attributed as given)",
 }
 
 EXAMPLES_KEPT = 3
@@ -100,15 +106,26 @@ def rejected_spans(table: pa.Table) -> tuple[int, list[str]]:
     """The count and examples of the spans the importer rejected (the ``rejected_span``
     defect), from the run metadata's ``rejected`` (``count`` and
     ``examples``); ``(0, [])`` when absent or malformed."""
+    return _counted(table, "rejected")
+
+
+def estimated_spans(table: pa.Table) -> tuple[int, list[str]]:
+    """The count and examples of the spans whose interval the source estimated (the
+    ``estimated_span`` defect), from the run metadata's ``estimated``, shaped as
+    ``rejected`` is; ``(0, [])`` when absent or malformed."""
+    return _counted(table, "estimated")
+
+
+def _counted(table: pa.Table, key: str) -> tuple[int, list[str]]:
     raw = (table.schema.metadata or {}).get(METADATA_KEY)
     try:
         metadata: Any = json.loads(raw) if raw else {}
     except (ValueError, RecursionError):
         return 0, []
-    rejected = metadata.get("rejected") if isinstance(metadata, dict) else None
-    if not isinstance(rejected, dict):
+    counted = metadata.get(key) if isinstance(metadata, dict) else None
+    if not isinstance(counted, dict):
         return 0, []
-    count, examples = rejected.get("count"), rejected.get("examples")
+    count, examples = counted.get("count"), counted.get("examples")
     if isinstance(count, bool) or not isinstance(count, int):
         return 0, []
     return count, [str(e) for e in examples] if isinstance(examples, list) else []

@@ -101,7 +101,7 @@ def read_spans(
             temporary file whose first bytes pick the format; errors and the ``source``
             metadata name the stream (``<stdin>`` or the FIFO's path).
         format: an `IMPORTERS` name (``ttft``, ``otlp-json``, ``otlp-proto``, ``jaeger``,
-            ``chrome``); None to guess from the file's first bytes.
+            ``chrome``, ``dynamo``); None to guess from the file's first bytes.
         mapping: the stage rules: None for the built-in ones (vLLM, SGLang, TGI); the path
             of a TOML rules file, whose rules are tried before the built-in ones; or a
             `StageMapping`, applied as it is (e.g. ``default_mapping().extended(mine)``).

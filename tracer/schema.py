@@ -78,7 +78,8 @@ STAGES: Final[tuple[Stage, ...]] = (
     Stage("detokenize", "request", 12, "first token id to text"),
     Stage("holdback", "request", 11, "first text held back (split UTF-8, stop-string prefix)"),
     Stage("deliver", "request", 10, "a ready token waiting for the event loop before its send"),
-    Stage("kv_transfer", "request", 14, "disaggregated serving: K/V blocks to the decode worker"),
+    Stage("kv_transfer", "request", 14, "disaggregated serving: first K/V block sent by the "
+          "prefill worker to the last installed by the decode worker"),
     Stage("stream", "request", 9, "writing the first body chunk that carries a token"),
     Stage("step", "engine", None, "one engine iteration (used by blame, never takes time)"),
     Stage("forward", "engine", 16, "host side of one forward pass"),
@@ -133,6 +134,15 @@ ATTR_CONTEXT_TOKENS: Final = "context_tokens"
 ATTR_REQUEST_IDS: Final = "request_ids"
 ATTR_PREFILL_TOKENS: Final = "prefill_tokens"
 ATTR_DECODE_TOKENS: Final = "decode_tokens"
+ATTR_KV_BLOCKS: Final = "ttft.kv.blocks"
+"""``kv_transfer``: the K/V blocks the transfer carried (an int)."""
+ATTR_KV_BYTES: Final = "ttft.kv.bytes"
+"""``kv_transfer``: the bytes the transfer carried, all layers, K and V (an int). The span
+runs from the first block sent to the last block installed, so the achieved bandwidth is
+``bytes * 1e9 / (end_ns - start_ns)`` bytes/s (undefined for a span of no length)."""
+ATTR_ESTIMATED: Final = "ttft.estimated"
+"""A span whose interval the source estimated rather than measured: the attribute's text
+says how (Dynamo's ``kv_transfer_estimated_latency_ms``, an upper bound)."""
 ATTR_STAGE: Final = "ttft.stage"
 """OpenTelemetry span attribute naming the stage explicitly."""
 ATTR_REQUEST_ID: Final = "ttft.request_id"

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from ttft.collectors.importers._base import Importer, rows_to_table
 from ttft.collectors.importers.chrome import ChromeTrace
+from ttft.collectors.importers.dynamo import DynamoRequestTrace
 from ttft.collectors.importers.jaeger import JaegerJSON
 from ttft.collectors.importers.otlp import OTLPJsonLines, OTLPProto
 from ttft.collectors.importers.ttft_parquet import TTFTParquet
 
 IMPORTERS: dict[str, Importer] = {i.name: i for i in (
-    TTFTParquet(), JaegerJSON(), ChromeTrace(), OTLPJsonLines(), OTLPProto())}
+    TTFTParquet(), JaegerJSON(), ChromeTrace(), OTLPJsonLines(), OTLPProto(),
+    DynamoRequestTrace())}
 """Every importer by name, in the order `guess_format` tries them."""
 
 __all__ = ["IMPORTERS", "Importer", "rows_to_table"]

@@ -22,7 +22,8 @@ def import_trace(
     mapping: MappingOption = None,
 ) -> None:
     """Read a trace of another system (OTLP JSON Lines or protobuf from an OpenTelemetry
-    Collector, Jaeger JSON, Chrome trace JSON from the PyTorch profiler), map its span names
+    Collector, Jaeger JSON, Chrome trace JSON from the PyTorch profiler, NVIDIA Dynamo's
+    request trace JSON Lines), map its span names
     onto ttft's stages (built-in rules for vLLM, SGLang and TGI, plus --mapping), and write
     it as one ttft Parquet trace. ttft analyze, report and export also read these files
     directly; importing once saves parsing them again."""

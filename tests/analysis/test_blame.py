@@ -336,5 +336,5 @@ def test_batch_wait_split_like_the_queue_with_own_chunk_tokens_off():
         expect(1, "queue", idle=90),
         expect(1, "batch_wait", prefill=7, decode=10 + 3, idle=20 + 10),
     ]
-    assert WAITS == ("queue", "batch_wait", "between_chunks")
+    assert WAITS == ("queue", "batch_wait", "kv_transfer", "between_chunks")
 
