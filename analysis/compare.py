@@ -7,7 +7,9 @@ requests of a condition, zeros included, as in :mod:`ttft.analysis.summary`; tim
 
 The bootstrap resamples the requests of each trace independently, with replacement, and
 uses one set of resampled request indices for every metric of a side, so a request's
-stages stay paired with its TTFT. Each resample is held as counts per request: a metric's
+stages stay paired with its TTFT. The requests are drawn in the order of their trace ids,
+so one process and a dataset's merged partitions (whose requests come in another order)
+give the same table. Each resample is held as counts per request: a metric's
 order statistics are then found from the counts laid out in that metric's sorted order
 (block totals locate the block, a running sum inside it the position), not by sorting or
 partitioning the resample, which is several times faster. Work and memory per resample
@@ -83,8 +85,10 @@ def compare(
     _check(resamples, seed, confidence)
     stages = _stages(a, b)
     metrics = ["ttft", *stages]
-    values = [_values(side, stages) for side in (a, b)]
-    conds = [side.requests["condition"].to_numpy() for side in (a, b)]
+    orders = [_by_trace_id(side) for side in (a, b)]
+    values = [_values(side, stages)[order] for side, order in zip((a, b), orders, strict=True)]
+    conds = [side.requests["condition"].to_numpy()[order]
+             for side, order in zip((a, b), orders, strict=True)]
     q = ((1 - confidence) / 2, (1 + confidence) / 2)
     frames = []
     for code, cond in enumerate(_CONDITIONS):
@@ -282,6 +286,12 @@ def _stages(a: Attribution, b: Attribution) -> list[str]:
         used += [str(name) for name, h in zip(att.columns, hit, strict=True) if h]
     extra = [name for name in dict.fromkeys(used) if name not in STAGE_NAMES]
     return [name for name in STAGE_NAMES if name in used] + extra
+
+
+def _by_trace_id(side: Attribution) -> np.ndarray:
+    """The requests' order by trace id (a request's smallest, unique to it), the order the
+    bootstrap draws them in, so the table never depends on the order they came in."""
+    return np.argsort(side.requests["trace_id"].to_numpy(dtype=object), kind="stable")
 
 
 def _values(side: Attribution, stages: list[str]) -> np.ndarray:

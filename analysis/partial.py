@@ -25,8 +25,8 @@ import pandas as pd
 import pyarrow as pa
 
 from ttft.analysis import clocks
-from ttft.analysis._grouping import clock_kinds, decode, group
-from ttft.analysis.assemble import assemble
+from ttft.analysis._grouping import Decoded, clock_kinds, decode, group
+from ttft.analysis.assemble import Assembly, assemble
 from ttft.analysis.attribution import Attribution, attribute
 from ttft.analysis.decode import KEYS, decode_values
 from ttft.analysis.load import VALUE_KEYS, load_values
@@ -34,7 +34,8 @@ from ttft.analysis.quality import Quality
 from ttft.analysis.summary import Summary, summarize
 from ttft.tracer.schema import BOUNDARY_NAMES, SCHEMA_VERSION
 
-__all__ = ["Part", "default_boundary", "merge_parts", "part_bounds", "analyze_part"]
+__all__ = ["Part", "analyze_part", "assemble_part", "default_boundary", "locate", "merge_parts",
+           "part_bounds", "part_of"]
 
 
 def _borrowed(table: pa.Table, own_rows: int) -> np.ndarray:
@@ -43,10 +44,10 @@ def _borrowed(table: pa.Table, own_rows: int) -> np.ndarray:
     return mask
 
 
-def part_bounds(table: pa.Table) -> clocks.Bounds:
+def part_bounds(table: pa.Table, d: Decoded | None = None) -> clocks.Bounds:
     """The clock `~ttft.analysis.clocks.Bounds` of one partition's requests (its borrowed
-    step traces hold no request, so they add none)."""
-    d = decode(table)
+    step traces hold no request, so they add none); ``d`` is the table decoded, if it was."""
+    d = decode(table) if d is None else d
     g = group(table, d)
     return clocks.bounds(g.row_req, g.n_req, clock_kinds(d), d.start, d.end, d.clock_raw,
                          d.clock_values)
@@ -64,10 +65,30 @@ class Part:
     load: dict[str, np.ndarray]
 
 
+def assemble_part(table: pa.Table, own_rows: int, offsets: Sequence[clocks.ClockOffset]
+                  ) -> Assembly:
+    """One partition assembled: ``table`` holds its own rows first, then ``own_rows``
+    onwards the copies it borrowed (their defects are counted where they are owned);
+    ``offsets`` are the dataset's."""
+    return assemble(table, offsets=offsets, borrowed=_borrowed(table, own_rows))
+
+
+def part_of(asm: Assembly, boundary: str | None, policy: str) -> Part:
+    """The `Part` of an assembled partition (`assemble_part`) at ``boundary`` (None: its
+    own outermost one) and ``policy``.
+
+    Raises:
+        ValueError: an unknown boundary or policy.
+    """
+    supported = tuple(name for name in BOUNDARY_NAMES if asm.has_window(name).any())
+    attr = attribute(asm, boundary, policy)
+    values = decode_values(asm, attr.requests["request"].to_numpy())
+    return Part(attr, values, supported, load_values(asm, attr, values))
+
+
 def analyze_part(table: pa.Table, own_rows: int, offsets: Sequence[clocks.ClockOffset],
                  boundary: str | None, policy: str) -> Part:
-    """Assemble and attribute one partition: ``table`` holds its own rows first, then
-    ``own_rows`` onwards the copies it borrowed; ``offsets`` are the dataset's.
+    """Assemble and attribute one partition (`assemble_part`, then `part_of`).
 
     With ``boundary`` None the partition is attributed at its own outermost boundary; the
     caller re-runs it at the dataset's (`default_boundary`) when that differs.
@@ -75,11 +96,7 @@ def analyze_part(table: pa.Table, own_rows: int, offsets: Sequence[clocks.ClockO
     Raises:
         ValueError: an unknown boundary or policy.
     """
-    asm = assemble(table, offsets=offsets, borrowed=_borrowed(table, own_rows))
-    supported = tuple(name for name in BOUNDARY_NAMES if asm.has_window(name).any())
-    attr = attribute(asm, boundary, policy)
-    values = decode_values(asm, attr.requests["request"].to_numpy())
-    return Part(attr, values, supported, load_values(asm, attr, values))
+    return part_of(assemble_part(table, own_rows, offsets), boundary, policy)
 
 
 def default_boundary(parts: Sequence[Part]) -> str:
@@ -147,3 +164,11 @@ def _requests_of(attr: Attribution) -> int:
     or ``failed``, or was left out as ``no_window``)."""
     return len(attr.requests) + len(attr.failed) + attr.quality.counts["no_window"]
 
+
+
+def locate(parts: Sequence[Part], request: int) -> tuple[int, int]:
+    """``(partition, its own request index)`` of request ``request`` of `merge_parts`'s
+    attribution (the ``request`` column of its frames)."""
+    firsts = np.cumsum([_requests_of(part.attribution) for part in parts])
+    k = int(np.searchsorted(firsts, request, side="right"))
+    return k, request - (int(firsts[k - 1]) if k else 0)

@@ -2,7 +2,8 @@
 
 `build_report` takes one analysis (attribution done), adds percentile bands, blame, prefill
 scaling and the regime, and picks the requests whose waterfalls are drawn; the renderers
-only lay the results out.
+only lay the results out. `combine_report` is its second half, which a dataset analysed in
+partitions (``ttft.reports.runs.distributed``) calls with the partitions' rows merged.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from ttft.analysis.assemble import Assembly, Rows
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.blame import blame, blame_summary
 from ttft.analysis.pipeline import Analysis
 from ttft.analysis.prefill import QuadraticFit, prefill_fits, prefill_points
+from ttft.analysis.regime import regime_summary
 from ttft.analysis.summary import Summary, percentile_bands
 from ttft.reports.regime_view import RegimeResult, compute_regime
 from ttft.tracer.schema import ATTR_STEP_ID, BOUNDARY_EVENTS, CONDITIONS
@@ -30,6 +33,7 @@ MAX_WATERFALL_SPANS = 400
 CHOSEN = ("median", "p99", "slowest")
 FIT_MIN_R2 = 0.9
 """A prefill fit is drawn only when it explains at least this share of the variance."""
+_CHUNK_ORDER = ["trace_id", "context_before", "chunk_tokens", "dur_ns"]
 
 
 @dataclass
@@ -120,6 +124,34 @@ def build_report(analysis: Analysis, *, regime: RegimeResult | None = None) -> R
             device, `ttft.reports.regime_view.compute_regime`).
     """
     asm, attr = analysis.assembly, analysis.attribution
+    waterfalls = []
+    for label, row in chosen_requests(attr):
+        req = attr.requests.iloc[row]
+        a_ns = int(req["a_ns"])
+        frame = request_spans(asm, int(req["request"]), a_ns, a_ns + int(req["ttft_ns"]))
+        waterfalls.append(waterfall(label, req, attr.attributed.iloc[row], frame))
+    return combine_report(
+        analysis.summary, analysis.metadata, attr, waterfalls, blame(asm), prefill_points(asm),
+        regime if regime is not None else compute_regime(asm, analysis.metadata),
+    )
+
+
+def combine_report(summary: Summary, metadata: dict[str, Any], attr: Attribution,
+                   waterfalls: list[Waterfall], blame_rows: pd.DataFrame,
+                   points: pd.DataFrame, regime: RegimeResult) -> ReportData:
+    """The `ReportData` of analyses made in one process or merged from a dataset's
+    partitions: whatever order the requests and chunks came in, the prefill points, their
+    fits and the regime come out the same (sorted by request, fitted and summed in that
+    order), and the blame and bands are sums over requests.
+
+    Args:
+        summary, attr: the trace's summary and attribution at the report's boundary.
+        metadata: its run metadata.
+        waterfalls: the `waterfall` of each of `chosen_requests`.
+        blame_rows: `ttft.analysis.blame.blame` of every request.
+        points: `ttft.analysis.prefill.prefill_points` of every request.
+        regime: the regime, its per-chunk frame of every chunk.
+    """
     conditions = attr.requests["condition"].to_numpy()
     groups = {"all": np.ones(len(conditions), bool)}
     for cond in CONDITIONS:
@@ -127,30 +159,43 @@ def build_report(analysis: Analysis, *, regime: RegimeResult | None = None) -> R
         if mask.any():
             groups[cond] = mask
     ttft_ms = attr.requests["ttft_ns"].to_numpy() / _NS_PER_MS
-    points = prefill_points(asm)
+    points = points.sort_values("trace_id", kind="stable").reset_index(drop=True)
     return ReportData(
-        trace=analysis.summary.trace,
-        metadata=analysis.metadata,
-        summary=analysis.summary,
+        trace=summary.trace,
+        metadata=metadata,
+        summary=summary,
         attribution=attr,
         groups=groups,
         bands={g: percentile_bands(attr, mask) for g, mask in groups.items()},
         cdf_ms={g: np.sort(ttft_ms[mask]) for g, mask in groups.items()},
-        waterfalls=_waterfalls(asm, attr),
-        blame=blame_summary(blame(asm)),
+        waterfalls=waterfalls,
+        blame=blame_summary(blame_rows),
         prefill_points=points,
         prefill_fits=prefill_fits(points),
-        regime=regime if regime is not None else compute_regime(asm, analysis.metadata),
+        regime=_in_request_order(regime),
     )
 
 
+def _in_request_order(found: RegimeResult) -> RegimeResult:
+    """``found`` with its chunks sorted by request, then size, and summarized in that order
+    (FLOPs are summed as floats, so the order fixes the last bits)."""
+    if found.frame is None:
+        return found
+    frame = found.frame.sort_values(_CHUNK_ORDER, kind="stable").reset_index(drop=True)
+    frame.attrs["peaks"] = found.peaks
+    return RegimeResult(frame, regime_summary(frame, found.peaks), found.peaks,
+                        found.device_name)
+
+
 def chosen_requests(attr: Attribution) -> list[tuple[str, int]]:
-    """``(label, row)`` of the median, the p99 and the slowest request by TTFT (a request
-    chosen twice is drawn once, under its first label)."""
+    """``(label, row)`` of the median, the p99 and the slowest request by TTFT, ties broken
+    by trace id, so the choice never depends on the requests' order (a request chosen twice
+    is drawn once, under its first label)."""
     ttft = attr.requests["ttft_ns"].to_numpy()
     if len(ttft) == 0:
         return []
-    order = np.argsort(ttft, kind="stable")
+    keys = pd.DataFrame({"ttft": ttft, "trace": attr.requests["trace_id"].to_numpy(object)})
+    order = keys.sort_values(["ttft", "trace"]).index.to_numpy()
     picks = {
         "median": order[(len(order) - 1) // 2],
         "p99": order[min(len(order) - 1, int(np.ceil(0.99 * len(order))) - 1)],
@@ -166,46 +211,48 @@ def chosen_requests(attr: Attribution) -> list[tuple[str, int]]:
     return out
 
 
-def _waterfalls(asm: Assembly, attr: Attribution) -> list[Waterfall]:
-    chosen = chosen_requests(attr)
-    if not chosen:
-        return []
+def request_spans(asm: Assembly, request: int, a_ns: int, b_ns: int,
+                  steps: pa.Table | None = None) -> pd.DataFrame:
+    """What a request's waterfall draws: its own rows, the gpu spans of its chunks' steps
+    and the engine steps overlapping its window ``[a_ns, b_ns)`` (what ran while it
+    waited) on the services its chunks ran on, as ``name, stage, clock, start_ns, end_ns``
+    on the assembly's (aligned) clock.
+
+    Args:
+        asm: the trace, or the partition holding the request, assembled.
+        request: the request's index into ``asm.requests``.
+        a_ns, b_ns: its window.
+        steps: every ``step`` span of the trace on that clock, with ``name``,
+            ``service``, ``clock``, ``start_ns`` and ``end_ns`` (``analysis.partial_report.
+            global_steps``), when ``asm`` holds only some; None for those of ``asm``.
+    """
     rows = asm.rows
-    out = []
-    for label, row in chosen:
-        req = attr.requests.iloc[row]
-        own = np.flatnonzero(rows.valid & (rows.req == int(req["request"])))
-        a_ns = int(req["a_ns"])
-        engine = _engine_rows(rows, own, a_ns, a_ns + int(req["ttft_ns"]))
-        parts = attr.attributed.iloc[row]
-        out.append(
-            _waterfall(
-                label,
-                req,
-                _frame(rows, np.concatenate([own, engine])),
-                a_ns,
-                {k: v / _NS_PER_MS for k, v in parts.items() if v},
-            )
-        )
-    return out
-
-
-def _engine_rows(rows: Rows, own: np.ndarray, a_ns: int, b_ns: int) -> np.ndarray:
-    """The gpu spans of the request's chunk steps and the engine steps overlapping its
-    window (what ran while it waited), of the services its chunks ran on."""
+    own = np.flatnonzero(rows.valid & (rows.req == request))
     chunks = own[rows.has_stage(own, "prefill.chunk")]
     if len(chunks) == 0:
-        return chunks
-    steps = np.unique(rows.int_attribute(chunks, ATTR_STEP_ID))
-    steps = steps[steps >= 0]
-    engine = rows.of("gpu", "step")
-    engine = engine[np.isin(rows.service[engine], np.unique(rows.service[chunks]))]
-    is_gpu = rows.has_stage(engine, "gpu")
-    near = (rows.end_ns[engine] > a_ns) & (rows.start_ns[engine] < b_ns)
-    ours = np.zeros(len(engine), bool)
-    if is_gpu.any():
-        ours[is_gpu] = np.isin(rows.int_attribute(engine[is_gpu], ATTR_STEP_ID), steps)
-    return engine[(is_gpu & ours) | (~is_gpu & near)]
+        return _frame(rows, own)
+    ids = np.unique(rows.int_attribute(chunks, ATTR_STEP_ID))
+    services = np.unique(rows.service[chunks])
+    gpu = rows.of("gpu")
+    gpu = gpu[np.isin(rows.service[gpu], services)]
+    gpu = gpu[np.isin(rows.int_attribute(gpu, ATTR_STEP_ID), ids[ids >= 0])]
+    if steps is None:
+        step = rows.of("step")
+        step = step[np.isin(rows.service[step], services)]
+        near = (rows.end_ns[step] > a_ns) & (rows.start_ns[step] < b_ns)
+        return _frame(rows, np.concatenate([own, gpu, step[near]]))
+    names = [rows.service_values[s] if s >= 0 else None for s in services]
+    start, end = steps.column("start_ns").to_numpy(), steps.column("end_ns").to_numpy()
+    on = pd.Series(steps.column("service").to_pylist(), dtype=object).isin(names).to_numpy()
+    near = on & (end > a_ns) & (start < b_ns)
+    near_steps = steps.filter(pa.array(near))
+    clock = near_steps.column("clock").to_pylist()
+    outside = pd.DataFrame({
+        "name": near_steps.column("name").to_pylist(), "stage": "step",
+        "clock": ["" if c is None else c for c in clock],
+        "start_ns": start[near], "end_ns": end[near],
+    })
+    return pd.concat([_frame(rows, np.concatenate([own, gpu])), outside], ignore_index=True)
 
 
 def _frame(rows: Rows, take: np.ndarray) -> pd.DataFrame:
@@ -223,16 +270,19 @@ def _frame(rows: Rows, take: np.ndarray) -> pd.DataFrame:
     )
 
 
-def _waterfall(
-    label: str, req: pd.Series, frame: pd.DataFrame, a_ns: int, parts_ms: dict[str, float]
-) -> Waterfall:
+def waterfall(label: str, req: pd.Series, parts: pd.Series, frame: pd.DataFrame) -> Waterfall:
+    """The `Waterfall` of one request: ``req`` its row of ``Attribution.requests``,
+    ``parts`` its row of ``attributed``, ``frame`` its `request_spans`. Spans are laid out
+    by start, longest first, then stage, clock and name, and events by time, so the
+    drawing never depends on the order the rows came in."""
+    a_ns = int(req["a_ns"])
     frame = frame.astype({"stage": str, "clock": str})
     is_event = frame["stage"] == "event"
-    spans = frame[~is_event].sort_values(["start_ns", "end_ns"], ascending=[True, False])
+    spans = _in_drawing_order(frame[~is_event])
     if len(spans) > MAX_WATERFALL_SPANS:
         own = spans[spans["stage"] != "step"]
         spans = pd.concat([own, spans[spans["stage"] == "step"]]).iloc[:MAX_WATERFALL_SPANS]
-        spans = spans.sort_values(["start_ns", "end_ns"], ascending=[True, False])
+        spans = _in_drawing_order(spans)
     lanes = _lanes(spans)
     drawn = pd.DataFrame(
         {
@@ -244,16 +294,23 @@ def _waterfall(
             "lane": lanes,
         }
     )
-    events = [
-        (str(r.name), str(r.clock), (int(r.start_ns) - a_ns) / _NS_PER_MS)
-        for r in frame[is_event].itertuples()
-        if r.name in BOUNDARY_EVENTS or r.name == "sent"
-    ]
+    events = sorted(
+        ((str(r.name), str(r.clock), (int(r.start_ns) - a_ns) / _NS_PER_MS)
+         for r in frame[is_event].itertuples()
+         if r.name in BOUNDARY_EVENTS or r.name == "sent"),
+        key=lambda e: (e[2], e[0], e[1]),
+    )
     ttft_ms = int(req["ttft_ns"]) / _NS_PER_MS
     condition = req["condition"] if isinstance(req["condition"], str) else None
+    parts_ms = {k: v / _NS_PER_MS for k, v in parts.items() if v}
     return Waterfall(
         label, str(req["trace_id"]), condition, ttft_ms, (0.0, ttft_ms), drawn, events, parts_ms
     )
+
+
+def _in_drawing_order(spans: pd.DataFrame) -> pd.DataFrame:
+    return spans.sort_values(["start_ns", "end_ns", "stage", "clock", "name"],
+                             ascending=[True, False, True, True, True], kind="stable")
 
 
 def clock_kind(clock: str) -> str:

@@ -15,13 +15,16 @@ from rich.text import Text
 
 from ttft.reports._text import plain
 from ttft.reports.cli._app import analyze_trace, app, err, fail, progress, stdout_console
+from ttft.reports.cli._distributed import compare_in_partitions
 from ttft.reports.cli._options import (
     BoundaryName,
     FormatOption,
     MappingOption,
     PolicyName,
     PolicyOption,
+    SchedulerOption,
     SloOption,
+    WorkersOption,
     add_goodput,
 )
 from ttft.tracer.schema import BOUNDARY_NAMES
@@ -53,11 +56,15 @@ def compare(
     format: FormatOption = None,
     mapping: MappingOption = None,
     slo: SloOption = None,
+    workers: WorkersOption = None,
+    scheduler: SchedulerOption = None,
 ) -> None:
     """Compare B against A: TTFT and every stage's p50/p90/p99 per condition (all, cold,
     prefix_hit), the delta B - A with a bootstrap 95% confidence interval, flagged when the
     interval excludes zero; then each trace's throughput, end-to-end latency and, with
-    --slo, goodput, with their deltas."""
+    --slo, goodput, with their deltas. With --workers or --scheduler, A and B are partitioned
+    datasets (ttft partition) analysed one partition per Dask task, with exactly the table
+    of one process."""
     from ttft.analysis.compare import compare as compare_attributions
     from ttft.analysis.compare import (
         compare_failures,
@@ -67,17 +74,18 @@ def compare(
     )
 
     given = boundary.value if boundary else None
-    analyses = [
-        analyze_trace(path, boundary=given, policy=policy.value, format=format, mapping=mapping)
-        for path in (a, b)
-    ]
-    chosen = given or _common_boundary([x.assembly for x in analyses], (a, b))
-    with progress(f"attributing at the {chosen} boundary"):
-        analyses = [x if x.attribution.boundary == chosen else x.at(chosen) for x in analyses]
-    attrs = [x.attribution for x in analyses]
-    for analysis in analyses if slo else ():
-        add_goodput(analysis, slo)
-    load = compare_load(*(x.summary for x in analyses))
+    if workers is not None or scheduler is not None:
+        results = compare_in_partitions(
+            (a, b), boundary=given, policy=policy.value, mapping=mapping, workers=workers,
+            scheduler=scheduler, choose=lambda found: _common_boundary(found, (a, b)),
+            format=format, slo=slo,
+        )
+        attrs = [r.attribution for r in results]
+        summaries = [r.summary for r in results]
+    else:
+        attrs, summaries = _one_process((a, b), given, policy.value, format, mapping, slo)
+    chosen = attrs[0].boundary
+    load = compare_load(*summaries)
     for path, attr in zip((a, b), attrs, strict=True):
         if len(attr.requests) == 0:
             raise fail(f"{path}: no request has a TTFT window at the {chosen} boundary")
@@ -117,7 +125,7 @@ def compare(
             table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts,
             console, _CONFIDENCE,
         )
-        good = analyses[0].summary.goodput
+        good = summaries[0].goodput
         render_load_compare(load, console, slo_text(good["slo"]) if good else None)
     if max_regression is None:
         return
@@ -138,9 +146,28 @@ def compare(
     err.print(Text(f"no significant regression over {max_regression:g}%", style="green"))
 
 
-def _common_boundary(asms: list, paths: tuple[Path, Path]) -> str:
-    """The outermost boundary that both traces support (some request has its window)."""
-    supported = [[n for n in BOUNDARY_NAMES if asm.has_window(n).any()] for asm in asms]
+def _one_process(paths: tuple[Path, Path], given: str | None, policy: str,
+                 format: str | None, mapping: Path | None, slo: dict[str, float] | None
+                 ) -> tuple[list, list]:
+    """``(attributions, summaries)`` of both traces read and analysed in this process, at
+    ``given``, else at the outermost boundary both support."""
+    analyses = [
+        analyze_trace(path, boundary=given, policy=policy, format=format, mapping=mapping)
+        for path in paths
+    ]
+    supported = [tuple(n for n in BOUNDARY_NAMES if x.assembly.has_window(n).any())
+                 for x in analyses]
+    chosen = given or _common_boundary(supported, paths)
+    with progress(f"attributing at the {chosen} boundary"):
+        analyses = [x if x.attribution.boundary == chosen else x.at(chosen) for x in analyses]
+    for analysis in analyses if slo else ():
+        add_goodput(analysis, slo)
+    return [x.attribution for x in analyses], [x.summary for x in analyses]
+
+
+def _common_boundary(supported: list[tuple[str, ...]], paths: tuple[Path, Path]) -> str:
+    """The outermost boundary that both traces support (some request has its window;
+    ``supported`` lists each trace's)."""
     for name in BOUNDARY_NAMES:
         if all(name in names for names in supported):
             return name

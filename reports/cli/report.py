@@ -18,6 +18,7 @@ from ttft.reports.cli._app import (
     regime_of,
     stdout_console,
 )
+from ttft.reports.cli._distributed import report_in_partitions
 from ttft.reports.cli._options import (
     BoundaryOption,
     FormatOption,
@@ -27,8 +28,10 @@ from ttft.reports.cli._options import (
     PeakTflopsOption,
     PolicyName,
     PolicyOption,
+    SchedulerOption,
     SloOption,
     TraceArgument,
+    WorkersOption,
     add_goodput,
 )
 
@@ -53,32 +56,31 @@ def report(
     peak_bandwidth_gbs: PeakBandwidthOption = None,
     model_config: ModelConfigOption = None,
     slo: SloOption = None,
+    workers: WorkersOption = None,
+    scheduler: SchedulerOption = None,
 ) -> None:
     """Where each request's TTFT went: headline per condition, stage stacks at p50/p90/p99
     and the tail, the TTFT CDF, waterfalls of the median, p99 and slowest requests, queue
     blame, prefill scaling with its fit, each prefill chunk on the traced device's roofline,
     raw durations against attributed time, data quality and the run's metadata; the load
-    (throughput, end-to-end latency) and, with --slo, the goodput."""
-    from ttft.reports import report_data
+    (throughput, end-to-end latency) and, with --slo, the goodput. With --workers or
+    --scheduler, a partitioned dataset (ttft partition) is analysed one partition per Dask
+    task, with exactly the report of one process."""
+    from ttft.reports.cli.sweep import report_sweep
 
+    if report_sweep(trace, out):  # a sweep directory (ttft sweep) has its own report
+        return
     started = time.perf_counter()
-    analysis = analyze_trace(
-        trace,
-        boundary=boundary.value if boundary else None,
-        policy=policy.value,
-        format=format,
-        mapping=mapping,
-    )
-    if slo:
-        add_goodput(analysis, slo)  # the report's summary is the analysis's
-    found = regime_of(
-        analysis,
-        model_config=model_config,
-        peak_tflops=peak_tflops,
-        peak_bandwidth_gbs=peak_bandwidth_gbs,
-    )
-    with progress("analyzing blame, prefill scaling and waterfalls"):
-        data = report_data.build_report(analysis, regime=found)
+    if workers is not None or scheduler is not None:
+        data = report_in_partitions(
+            trace, boundary=boundary.value if boundary else None, policy=policy.value,
+            mapping=mapping, workers=workers, scheduler=scheduler, format=format, slo=slo,
+            model_config=model_config, peak_tflops=peak_tflops,
+            peak_bandwidth_gbs=peak_bandwidth_gbs,
+        )
+    else:
+        data = _one_process(trace, boundary, policy, format, mapping, slo, model_config,
+                            peak_tflops, peak_bandwidth_gbs)
     if out is None:
         from ttft.reports.terminal_report import render_report
 
@@ -95,3 +97,27 @@ def report(
         f"wrote {out}: {data.summary.requests:,} requests, {size / 1e6:.1f} MB "
         f"in {time.perf_counter() - started:.1f} s; open it in a browser (works offline)"
     )
+
+
+def _one_process(trace, boundary, policy, format, mapping, slo, model_config, peak_tflops,
+                 peak_bandwidth_gbs):
+    """The ``ReportData`` of ``trace`` read and analysed in this process."""
+    from ttft.reports import report_data
+
+    analysis = analyze_trace(
+        trace,
+        boundary=boundary.value if boundary else None,
+        policy=policy.value,
+        format=format,
+        mapping=mapping,
+    )
+    if slo:
+        add_goodput(analysis, slo)  # the report's summary is the analysis's
+    found = regime_of(
+        analysis,
+        model_config=model_config,
+        peak_tflops=peak_tflops,
+        peak_bandwidth_gbs=peak_bandwidth_gbs,
+    )
+    with progress("analyzing blame, prefill scaling and waterfalls"):
+        return report_data.build_report(analysis, regime=found)

@@ -11,30 +11,38 @@ from rich.text import Text
 
 from ttft.reports._text import plain
 from ttft.reports.cli._app import analyze_trace, app, err, fail, print_summary
+from ttft.reports.cli._options import (
+    ApiKeyOption,
+    ArrivalOption,
+    DurationOption,
+    EndpointOption,
+    ModelOption,
+    OutputTokensOption,
+    PrefixTokensOption,
+    PromptTokensOption,
+    ReceiverGrpcPortOption,
+    ReceiverHostOption,
+    ReceiverPortOption,
+    RequestsOption,
+    SharedFractionOption,
+    SharedPrefixOption,
+    SpanWaitOption,
+    TimeoutOption,
+    UrlArgument,
+    WarmupOption,
+)
+from ttft.reports.cli._options import parse_range as _range
 from ttft.reports.cli._progress import RunDisplay
-
-
-def _range(value: str, option: str) -> tuple[int, int]:
-    """``A`` or ``A:B`` → (A, B), with an error naming the option."""
-    head, _, tail = value.partition(":")
-    try:
-        lo, hi = int(head), int(tail or head)
-    except ValueError:
-        raise fail(f"{option} {value!r}: expected A or A:B (whole numbers)") from None
-    return lo, hi
 
 
 @app.command()
 def trace(
-    url: Annotated[str, typer.Argument(
-        metavar="URL", help="the server, e.g. http://127.0.0.1:8000 (or its .../v1)")],
+    url: UrlArgument,
     out: Annotated[Path, typer.Option("-o", "--out", help="trace file to write (.parquet)")],
-    model: Annotated[
-        str | None, typer.Option(help="model to ask for (default: the server's first)")
-    ] = None,
-    endpoint: Annotated[str, typer.Option(help="completions or chat")] = "completions",
+    model: ModelOption = None,
+    endpoint: EndpointOption = "completions",
     rate: Annotated[float | None, typer.Option(min=0.001, help="arrivals per second")] = None,
-    arrival: Annotated[str, typer.Option(help="gaps at --rate: poisson or constant")] = "poisson",
+    arrival: ArrivalOption = "poisson",
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="closed loop: this many requests in flight")
     ] = None,
@@ -44,39 +52,23 @@ def trace(
     ] = None,
     scale_tokens: Annotated[float, typer.Option(min=0.0001, help="replay: scale lengths")] = 1.0,
     scale_time: Annotated[float, typer.Option(min=0.0, help="replay: scale arrival times")] = 1.0,
-    requests: Annotated[int | None, typer.Option(min=1, help="requests to send")] = None,
-    duration: Annotated[
-        float | None, typer.Option(min=0.001, help="seconds of arrivals (instead of --requests)")
-    ] = None,
-    warmup: Annotated[int, typer.Option(min=0, help="untraced requests first")] = 1,
-    prompt_tokens: Annotated[
-        str, typer.Option(help="prompt length A, or uniform in A:B (tokens)")
-    ] = "128:512",
-    output_tokens: Annotated[int, typer.Option(min=1, help="max_tokens of every request")] = 32,
-    shared_prefix: Annotated[
-        str | None, typer.Option(help="P:S: P shared prefixes, S suffixes each")
-    ] = None,
-    prefix_tokens: Annotated[
-        int | None, typer.Option(min=1, help="length of each shared prefix (tokens)")
-    ] = None,
-    shared_fraction: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="share of requests with a shared prefix")
-    ] = 1.0,
+    requests: RequestsOption = None,
+    duration: DurationOption = None,
+    warmup: WarmupOption = 1,
+    prompt_tokens: PromptTokensOption = "128:512",
+    output_tokens: OutputTokensOption = 32,
+    shared_prefix: SharedPrefixOption = None,
+    prefix_tokens: PrefixTokensOption = None,
+    shared_fraction: SharedFractionOption = 1.0,
     seed: Annotated[int | None, typer.Option(
         help="seed for everything random (default: a fresh one per run, so a second run "
         "against a warm server does not hit its prefix cache)")] = None,
-    api_key: Annotated[
-        str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for the server")
-    ] = None,
-    timeout: Annotated[float, typer.Option(min=0.1, help="longest one request may take (s)")] = 120,
-    receiver_host: Annotated[str, typer.Option(help="OTLP receiver address")] = "127.0.0.1",
-    receiver_port: Annotated[int, typer.Option(min=0, max=65535, help="OTLP/HTTP port")] = 4318,
-    receiver_grpc_port: Annotated[
-        int | None, typer.Option(min=0, max=65535, help="also receive OTLP/gRPC on this port")
-    ] = None,
-    span_wait: Annotated[
-        float, typer.Option(min=0, help="seconds to wait for the server's spans at the end")
-    ] = 10.0,
+    api_key: ApiKeyOption = None,
+    timeout: TimeoutOption = 120,
+    receiver_host: ReceiverHostOption = "127.0.0.1",
+    receiver_port: ReceiverPortOption = 4318,
+    receiver_grpc_port: ReceiverGrpcPortOption = None,
+    span_wait: SpanWaitOption = 10.0,
     as_json: Annotated[
         bool, typer.Option("--json", help="print the analysis as ttft analyze --json does")
     ] = False,

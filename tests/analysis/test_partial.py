@@ -1,7 +1,8 @@
 """A dataset analysed partition by partition (``analysis.partial``) equals one process
 exactly: the merged summary, clocks, failures, quality and per-request parts, for every
-boundary and policy and several partition counts; and ``partition_rows`` keeps every
-request whole with the step traces it joins (issue 17)."""
+boundary and policy and several partition counts, and the report's blame, prefill points
+and regime rows (``analysis.partial_report``); and ``partition_rows`` keeps every request
+whole with the step traces it joins (issue 17)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,24 @@ from hypothesis import strategies as st
 from test_clocks import shifted
 
 from ttft.analysis import analyze
+from ttft.analysis.blame import blame, blame_summary
 from ttft.analysis.clocks import offsets_from_bounds
-from ttft.analysis.partial import analyze_part, default_boundary, merge_parts, part_bounds
+from ttft.analysis.partial import (
+    analyze_part,
+    assemble_part,
+    default_boundary,
+    merge_parts,
+    part_bounds,
+)
+from ttft.analysis.partial_report import (
+    global_steps,
+    merge_report_parts,
+    report_part,
+    survey_part,
+)
 from ttft.analysis.partition import partition_rows
+from ttft.analysis.prefill import prefill_points
+from ttft.analysis.regime import ModelShape, find_peaks, regime
 from ttft.collectors.dataset import read_partition, write_dataset
 from ttft.collectors.synthetic import generate
 from ttft.tracer.schema import POLICIES
@@ -304,3 +320,69 @@ def test_every_row_of_a_dataset_is_owned_once_across_partitions():
     original = table.to_pandas().sort_values(key).reset_index(drop=True)
     back = own_rows(dataset).to_pandas().sort_values(key).reset_index(drop=True)
     pd.testing.assert_frame_equal(original, back)
+
+
+# --- what the report needs beyond the summary (``analysis.partial_report``) ---------------
+
+MODEL = {"n_layer": 4, "d_model": 512, "n_head": 8, "n_kv_head": 4, "d_ff": 1536,
+         "vocab_size": 32000, "dtype": "bfloat16"}
+
+
+def report_in_partitions(dataset: Dataset, shape=None, peaks=None):
+    """The report's protocol (``reports.runs.distributed.report_dataset``) without Dask:
+    surveys, global offsets and steps, one report part per partition, stacked."""
+    surveys = [survey_part(t, own) for t, own in dataset]
+    offsets = offsets_from_bounds([s.bounds for s in surveys])
+    steps = global_steps(surveys, offsets)
+    parts = [report_part(t, own, offsets, None, "exclusive", steps, shape, peaks)
+             for t, own in dataset]
+    return surveys, steps, merge_report_parts(parts)
+
+
+def by_request(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    return frame.sort_values(["trace_id", *columns], kind="stable").reset_index(drop=True)
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 5, 13])
+@pytest.mark.parametrize("trace", ["one host", "two hosts"])
+def test_blame_and_prefill_points_of_partitions_equal_one_process(partitions, trace):
+    table = synthetic() if trace == "one host" else multi_host()
+    surveys, steps, (blamed, points, chunks) = report_in_partitions(split(table, partitions))
+    asm = one_process(table, None, "exclusive").assembly
+    assert steps.num_rows == len(asm.rows.of("step")) > 0
+    assert len(surveys) == partitions and chunks is None
+    single = blame(asm)
+    assert len(single) > 0 and set(single["wait"]) >= {"queue", "between_chunks"}
+    pd.testing.assert_frame_equal(by_request(blamed, "wait"), by_request(single, "wait"))
+    pd.testing.assert_frame_equal(blame_summary(blamed), blame_summary(single))
+    pd.testing.assert_frame_equal(by_request(points), by_request(prefill_points(asm)))
+
+
+def test_partitions_blamed_against_their_own_steps_alone_would_differ():
+    dataset = split(synthetic(), 13)
+    _, _, (blamed, _, _) = report_in_partitions(dataset)
+    alone = pd.concat([blame(assemble_part(t, own, offsets_from_bounds([part_bounds(t)])))
+                       for t, own in dataset], ignore_index=True)
+    assert not by_request(alone, "wait").equals(by_request(blamed, "wait"))
+
+
+def test_the_step_table_is_moved_onto_the_client_clock():
+    table = multi_host()
+    surveys, steps, _ = report_in_partitions(split(table, 5))
+    raw = pa.concat_tables([s.steps for s in surveys])
+    moved = steps.column("start_ns").to_numpy() - raw.column("start_ns").to_numpy()
+    offsets = offsets_from_bounds([s.bounds for s in surveys])
+    assert set(moved.tolist()) == {offsets[0].offset_ns} and abs(moved[0] + SHIFT_NS) < 1e6
+
+
+@pytest.mark.parametrize("partitions", [2, 13])
+def test_regime_rows_of_partitions_equal_one_process(partitions):
+    shape = ModelShape.from_dict(MODEL)
+    peaks = find_peaks({"device": {"name": "H100 SXM"}})
+    asm = one_process(synthetic(), None, "exclusive").assembly
+    _, _, (_, _, chunks) = report_in_partitions(split(synthetic(), partitions), shape, peaks)
+    single = regime(asm, shape, peaks)
+    assert len(single) == len(asm.rows.of("prefill.chunk")) > 0
+    order = ["context_before", "chunk_tokens", "dur_ns"]
+    pd.testing.assert_frame_equal(by_request(chunks, *order), by_request(single, *order))
+    assert chunks.attrs["peaks"] == peaks
