@@ -273,16 +273,14 @@ def render_failures(summary: Summary, console: Console) -> None:
             f"{failed:,} of {total:,} requests ({failed / total:.1%}): {kinds}; "
             f"TTFT below is over the {summary.requests_ok:,} ok requests",
         ),
-        soft_wrap=True,
+        overflow="fold",
     )
     for kind, examples in summary.failure_examples.items():
         for example in examples:
             code, error = example["status_code"], example["error"] or "-"
             status = f" HTTP {code}" if code and not error.startswith(f"HTTP {code}") else ""
-            console.print(
-                plain(f"  {kind}: {example['trace_id']}{status}: {error}", style="red"),
-                soft_wrap=True,
-            )
+            line = plain(f"  {kind}: {example['trace_id']}{status}: {error}", style="red")
+            console.print(line, overflow="fold")  # wrapped to the width, nothing cut
     seen = summary.failed_first_token
     if seen:
         console.print(

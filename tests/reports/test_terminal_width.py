@@ -111,3 +111,22 @@ def test_fit_takes_a_table_without_rows():
     table.add_column("p50 ms", justify="right")
     console.print(fit(table, console, ("p50 ms",)))
     assert "stage" in console.file.getvalue()
+
+
+def test_failure_lines_wrap_to_the_width_and_keep_every_character(analysis):
+    import dataclasses
+
+    from ttft.reports.terminal import render_failures
+
+    error = "HTTP 500: " + "upstream engine worker exited while the request was queued; " * 4
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    summary = dataclasses.replace(
+        analysis.summary,
+        failures={"server_error": 3},
+        failure_examples={"server_error": [{"trace_id": trace_id, "status_code": 500,
+                                             "error": error.strip()}]},
+    )
+    text = _render(lambda c: render_failures(summary, c), 80)
+    _check_width(text, 80)
+    joined = "".join(line.strip() for line in text.splitlines())
+    assert f"server_error: {trace_id}: {error.strip()}".replace(" ", "") in joined.replace(" ", "")
