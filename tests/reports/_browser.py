@@ -64,3 +64,41 @@ def open_offline(pg, path: Path) -> tuple[list[str], list[str]]:
     pg.goto(path.resolve().as_uri(), wait_until="load")
     pg.wait_for_timeout(300)
     return errors, refused
+
+
+# Where a page's plotly figures put their text: boxes relative to each figure's SVG.
+LAYOUT = """() => [...document.querySelectorAll('.js-plotly-plot')].map(d => {
+    const svg = d.querySelector('svg.main-svg').getBoundingClientRect();
+    const box = e => {
+        const r = e.getBoundingClientRect();
+        return [r.left - svg.left, r.top - svg.top, r.right - svg.left, r.bottom - svg.top];
+    };
+    const all = sel => [...d.querySelectorAll(sel)].filter(e => e.textContent).map(box);
+    return {
+        id: d.id, width: svg.width, height: svg.height,
+        titles: all('.gtitle, .gtitle-subtitle, .g-xtitle text, .g-ytitle text'),
+        marks: all('g.trace.scatter .textpoint'),
+        ticks: [...d.querySelectorAll('.xtick text, .xtick2 text')].filter(
+            e => e.textContent).map(e => [e.textContent, ...box(e)]),
+        labels: all('.annotation'),
+        legend: [...d.querySelectorAll('.legend .bg')].map(box),
+        xtitle: all('.g-xtitle text'),
+    };
+})"""
+
+
+def within(box, d) -> bool:
+    """Whether ``box`` (a `LAYOUT` box) lies inside figure ``d``'s SVG."""
+    left, top, right, bottom = box
+    return (
+        left >= -0.5 and top >= -0.5 and right <= d["width"] + 0.5 and bottom <= d["height"] + 0.5
+    )
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] - 0.5 and b[0] < a[2] - 0.5 and a[1] < b[3] - 0.5 and b[1] < a[3] - 0.5
+
+
+def overlapping(boxes) -> list:
+    """The pairs of ``boxes`` that overlap (by more than half a pixel)."""
+    return [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if _overlap(a, b)]

@@ -7,7 +7,7 @@ import re
 
 import pyarrow as pa
 import pytest
-from _browser import open_offline, page
+from _browser import LAYOUT, open_offline, overlapping, page, within
 from typer.testing import CliRunner
 
 from ttft.analysis.pipeline import analyze
@@ -222,41 +222,6 @@ def test_analyze_regime_takes_model_and_peaks_from_flags(trace, tmp_path):
     assert "bad.json" in result.stderr
 
 
-LAYOUT = """() => [...document.querySelectorAll('.js-plotly-plot')].map(d => {
-    const svg = d.querySelector('svg.main-svg').getBoundingClientRect();
-    const box = e => {
-        const r = e.getBoundingClientRect();
-        return [r.left - svg.left, r.top - svg.top, r.right - svg.left, r.bottom - svg.top];
-    };
-    const all = sel => [...d.querySelectorAll(sel)].filter(e => e.textContent).map(box);
-    return {
-        id: d.id, width: svg.width, height: svg.height,
-        titles: all('.gtitle, .gtitle-subtitle, .g-xtitle text, .g-ytitle text'),
-        marks: all('g.trace.scatter .textpoint'),
-        ticks: [...d.querySelectorAll('.xtick text, .xtick2 text')].filter(
-            e => e.textContent).map(e => [e.textContent, ...box(e)]),
-        labels: all('.annotation'),
-        legend: [...d.querySelectorAll('.legend .bg')].map(box),
-        xtitle: all('.g-xtitle text'),
-    };
-})"""
-
-
-def _inside(box, d) -> bool:
-    left, top, right, bottom = box
-    return (
-        left >= -0.5 and top >= -0.5 and right <= d["width"] + 0.5 and bottom <= d["height"] + 0.5
-    )
-
-
-def _overlap(a, b) -> bool:
-    return a[0] < b[2] - 0.5 and b[0] < a[2] - 0.5 and a[1] < b[3] - 0.5 and b[1] < a[3] - 0.5
-
-
-def _overlapping(boxes) -> list:
-    return [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :] if _overlap(a, b)]
-
-
 @pytest.mark.parametrize("width", [1400, 900])
 def test_report_reads_right_at_each_width(report, tmp_path, width):
     """No JS error; every title, tick label, mark label and event label inside its figure
@@ -279,11 +244,11 @@ def test_report_reads_right_at_each_width(report, tmp_path, width):
         assert d["titles"] and d["legend"] and d["xtitle"], where  # the checks see them
         if d["id"].startswith("waterfall-"):
             assert len(d["labels"]) >= 2, where
-        assert all(_inside(b, d) for b in d["titles"] + d["labels"] + d["legend"]), where
-        assert _overlapping(d["marks"]) == [], where
-        assert _overlapping([t[1:] for t in d["ticks"]]) == [], where
-        assert _overlapping(d["labels"]) == [], where
-        assert _overlapping(d["legend"] + d["xtitle"]) == [], where
+        assert all(within(b, d) for b in d["titles"] + d["labels"] + d["legend"]), where
+        assert overlapping(d["marks"]) == [], where
+        assert overlapping([t[1:] for t in d["ticks"]]) == [], where
+        assert overlapping(d["labels"]) == [], where
+        assert overlapping(d["legend"] + d["xtitle"]) == [], where
     bars = next(d for d in figures if d["id"] == "stage-bars")
     assert len(bars["marks"]) == 12
     assert _band_order(bars) == list(_BAND_TICKS) * 3

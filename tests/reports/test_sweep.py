@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pyarrow.compute as pc
 import pytest
+from _browser import LAYOUT, open_offline, overlapping, page, within
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from rich.console import Console
 from typer.testing import CliRunner
@@ -271,3 +272,26 @@ def test_report_of_a_directory_with_a_foreign_sweep_json_is_an_error(tmp_path):
     assert result.exit_code == 2
     assert result.stderr.strip() == (f"error: {tmp_path / 'sweep.json'}: not a ttft sweep "
                                      'summary (no "kind": "ttft sweep")')
+
+
+@pytest.mark.parametrize("width", [1400, 900])
+def test_the_sweep_page_reads_right_in_chromium(swept, tmp_path, width):
+    """No JS error; three figures, each title, legend and label inside its figure, tick
+    labels and legend clear of each other."""
+    out, _, _ = swept
+    page_path = tmp_path / "sweep.html"
+    assert runner.invoke(app, ["report", str(out), "-o", str(page_path)]).exit_code == 0
+    with page(width, 900) as pg:
+        errors, refused = open_offline(pg, page_path)
+        shot = tmp_path / f"sweep-{width}.png"
+        pg.screenshot(path=str(shot), full_page=True)
+        print(f"screenshot {width} px: {shot}")
+        figures = pg.evaluate(LAYOUT)
+    assert errors == [] and refused == []
+    assert len(figures) == 3
+    for d in figures:
+        where = (width, d["id"])
+        assert d["titles"] and d["legend"], where
+        assert all(within(b, d) for b in d["titles"] + d["labels"] + d["legend"]), where
+        assert overlapping([t[1:] for t in d["ticks"]]) == [], where
+        assert overlapping(d["legend"] + d["xtitle"]) == [], where
