@@ -32,6 +32,7 @@ from ttft.analysis.decode import KEYS, decode_values
 from ttft.analysis.load import VALUE_KEYS, load_values
 from ttft.analysis.quality import Quality
 from ttft.analysis.summary import Summary, summarize
+from ttft.analysis.transfer import transfers
 from ttft.tracer.schema import BOUNDARY_NAMES, SCHEMA_VERSION
 
 __all__ = ["Part", "analyze_part", "assemble_part", "default_boundary", "locate", "merge_parts",
@@ -56,13 +57,15 @@ def part_bounds(table: pa.Table, d: Decoded | None = None) -> clocks.Bounds:
 @dataclass
 class Part:
     """One partition analysed: its attribution (``request`` indices local to it), the
-    `decode_values` of its ok requests, the boundaries any of its requests support, and
-    the ``analysis.load.load_values`` of its requests."""
+    `decode_values` of its ok requests, the boundaries any of its requests support, the
+    ``analysis.load.load_values`` of its requests and the ``analysis.transfer.transfers``
+    of its ok requests."""
 
     attribution: Attribution
     decode: dict[str, np.ndarray]
     boundaries: tuple[str, ...]
     load: dict[str, np.ndarray]
+    transfers: pd.DataFrame
 
 
 def assemble_part(table: pa.Table, own_rows: int, offsets: Sequence[clocks.ClockOffset]
@@ -82,8 +85,9 @@ def part_of(asm: Assembly, boundary: str | None, policy: str) -> Part:
     """
     supported = tuple(name for name in BOUNDARY_NAMES if asm.has_window(name).any())
     attr = attribute(asm, boundary, policy)
-    values = decode_values(asm, attr.requests["request"].to_numpy())
-    return Part(attr, values, supported, load_values(asm, attr, values))
+    ok = attr.requests["request"].to_numpy()
+    values = decode_values(asm, ok)
+    return Part(attr, values, supported, load_values(asm, attr, values), transfers(asm, ok))
 
 
 def analyze_part(table: pa.Table, own_rows: int, offsets: Sequence[clocks.ClockOffset],
@@ -155,7 +159,8 @@ def merge_parts(parts: Sequence[Part], offsets: Sequence[clocks.ClockOffset], *,
     values = {key: np.concatenate([part.decode[key] for part in parts]) for key in KEYS}
     loads = {key: np.concatenate([part.load[key] for part in parts]) for key in VALUE_KEYS}
     summary = summarize(merged, None, trace=trace, schema_version=schema_version,
-                        decode=values, loads=loads, slo=slo)
+                        decode=values, loads=loads, slo=slo,
+                        kv=_stacked([part.transfers for part in parts]))
     return merged, summary
 
 

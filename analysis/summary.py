@@ -22,6 +22,7 @@ from ttft.analysis.decode import decode_values, summarize_values
 from ttft.analysis.load import load, load_values
 from ttft.analysis.quality import EXAMPLES_KEPT
 from ttft.analysis.slo import goodput_summary
+from ttft.analysis.transfer import transfer_summary, transfers
 from ttft.tracer.schema import CONDITIONS, OUTCOMES, SCHEMA_VERSION
 
 _NS_PER_MS = 1e6
@@ -136,8 +137,10 @@ class Summary:
     no client span; ``goodput`` (``slo``, ``requests`` meeting every SLO, their ``share``
     of the ok and failed requests, ``per_s``; with a TTFT SLO, ``ttft_stages``: each
     stage's rescue share of the requests missing it and the smallest set of stages to cut,
-    see ``analysis.slo``) is None unless SLOs were given. Both come last and, when None,
-    are left out of `to_dict`.
+    see ``analysis.slo``) is None unless SLOs were given; ``kv_transfer`` (disaggregated
+    serving's K/V transfer of the ok requests, ``analysis.transfer.transfer_summary``) is
+    None unless one has a ``kv_transfer`` span. These come last and, when None, are left
+    out of `to_dict`.
     """
 
     trace: str
@@ -163,12 +166,13 @@ class Summary:
     inputs: list[dict[str, Any]] | None = None
     load: dict[str, Any] | None = None
     goodput: dict[str, Any] | None = None
+    kv_transfer: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as JSON-ready values, keys in their documented order; ``clocks``,
-        ``inputs``, ``load`` and ``goodput`` only when present."""
+        ``inputs``, ``load``, ``goodput`` and ``kv_transfer`` only when present."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for optional in ("clocks", "inputs", "load", "goodput"):
+        for optional in ("clocks", "inputs", "load", "goodput", "kv_transfer"):
             if out[optional] is None:
                 del out[optional]
         return out
@@ -199,6 +203,7 @@ def summarize(
     decode: dict[str, np.ndarray] | None = None,
     loads: Mapping[str, np.ndarray] | None = None,
     slo: Mapping[str, float] | None = None,
+    kv: pd.DataFrame | None = None,
 ) -> Summary:
     """Summarize an attribution (see `Summary`).
 
@@ -213,16 +218,19 @@ def summarize(
         loads: ``analysis.load.load_values`` already taken, instead of from ``asm``.
         slo: a limit in ms per metric (``ttft``, ``tpot``, ``itl``, ``e2e``) for goodput;
             None for no goodput.
+        kv: ``analysis.transfer.transfers`` already taken, instead of from ``asm``.
 
     Raises:
         ValueError: an unknown SLO metric or a limit that is not positive.
     """
-    if decode is None or loads is None:
-        assert asm is not None, "summarize needs an assembly or its decode and load values"
+    if decode is None or loads is None or kv is None:
+        assert asm is not None, "summarize needs an assembly or its decode, load, kv values"
     if decode is None:
         decode = decode_values(asm, attr.requests["request"].to_numpy())
     if loads is None:
         loads = load_values(asm, attr, decode)
+    if kv is None:
+        kv = transfers(asm, attr.requests["request"].to_numpy())
     ttft = attr.requests["ttft_ns"].to_numpy()
     conditions = attr.requests["condition"].to_numpy()
     failed = attr.failed
@@ -258,6 +266,7 @@ def summarize(
         clocks=clocks if disagree else None,
         load=load_summary(loads),
         goodput=goodput_summary(attr, loads, slo),
+        kv_transfer=transfer_summary(kv),
     )
 
 

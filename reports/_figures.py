@@ -11,7 +11,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ttft.reports._colours import colour
-from ttft.reports.report_data import FIT_MIN_R2, ReportData, Waterfall, clock_kind, lane_order
+from ttft.reports.report_data import FIT_MIN_R2, ReportData, Waterfall
+from ttft.reports.waterfall_lanes import clock_kind, lane_order
 from ttft.tracer.schema import BOUNDARY_EVENTS, STAGE_BY_NAME, STAGE_NAMES
 
 _PATTERN = {"client": "", "host": "/", "gpu": "x"}
@@ -171,10 +172,7 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
         1.12 * hi,
     ]
     if w.events:
-        first_lane = {}
-        for lane in order:
-            first_lane.setdefault(lane.rpartition(" · ")[0], lane)
-        ys = [first_lane.get(clock) or f"{clock} · 1" for _, clock, _ in w.events]
+        ys = w.event_lanes
         order += [y for y in dict.fromkeys(ys) if y not in order]
         boundary_event = [name in BOUNDARY_EVENTS for name, _, _ in w.events]
         fig.add_scatter(
@@ -215,7 +213,7 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
             f"trace {w.trace_id[:12]}…",
         ),
         xaxis_title=f"ms from the start of the {boundary} window (shaded)",
-        yaxis=dict(categoryorder="array", categoryarray=order[::-1], title="clock · lane"),
+        yaxis=dict(categoryorder="array", categoryarray=order[::-1], title="worker · lane"),
         # Focus on the window; spans running on past it (to the last byte) are cut off.
         xaxis_range=x_range,
         barmode="overlay",

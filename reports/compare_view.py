@@ -4,6 +4,7 @@ delta with its bootstrap interval, marked worse or better when the interval excl
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -11,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ttft.analysis.transfer import deployment
+from ttft.collectors.parquet import read_parquet_metadata
 from ttft.reports._text import plain
 from ttft.reports.terminal import fit
 from ttft.tracer.schema import CONDITIONS
@@ -27,11 +30,19 @@ def render_compare(
     counts: list[pd.Series],
     console: Console,
     confidence: float,
+    deployments: Sequence[str | None] | None = None,
 ) -> None:
     """Print `ttft.analysis.compare.compare`'s table: a table per condition (TTFT first,
     then the stages either trace has at p99), the conditions only one trace has, and how
-    the intervals were made."""
+    the intervals were made. When either side is disaggregated, the header says which
+    (``deployments``: each side's, default `side_deployments`)."""
     n_a, n_b = (len(attr.requests) for attr in attrs)
+    if deployments is None:
+        deployments = side_deployments(paths, attrs)
+    sides: tuple = ()
+    if any(d and d.startswith("disaggregated") for d in deployments):
+        sides = ("\n", plain("  ".join(f"{side} {d or 'co-located (no kv_transfer)'}"
+                                        for side, d in zip("AB", deployments, strict=True))))
     console.print(
         Text.assemble(
             ("ttft compare ", "bold"),
@@ -41,6 +52,7 @@ def render_compare(
             plain(paths[1], "bold cyan"),
             "\n",
             plain(f"boundary={boundary}  policy={policy}  requests A={n_a:,} B={n_b:,}"),
+            *sides,
         )
     )
     conditions = list(dict.fromkeys(table["condition"]))
@@ -70,6 +82,24 @@ def render_compare(
             style="dim",
         )
     )
+
+
+def side_deployments(paths: Sequence[str], attrs: Sequence[Any]) -> list[str | None]:
+    """How each trace was served: ``ttft.analysis.transfer.deployment`` of its run metadata
+    (``engine.disaggregated``), read from the file's footer; where the trace names no
+    engine (another format, an imported trace), ``disaggregated (kv_transfer spans)`` when
+    its attribution gives ``kv_transfer`` time, else None."""
+    out = []
+    for path, attr in zip(paths, attrs, strict=True):
+        try:
+            found = deployment(read_parquet_metadata(path))
+        except (OSError, ValueError):  # not ttft's Parquet: the spans say what they can
+            found = None
+        att = attr.attributed
+        if found is None and "kv_transfer" in att.columns and (att["kv_transfer"] > 0).any():
+            found = "disaggregated (kv_transfer spans)"
+        out.append(found)
+    return out
 
 
 def _condition_table(

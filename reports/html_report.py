@@ -26,6 +26,7 @@ from ttft.reports import _figures
 from ttft.reports._colours import colour
 from ttft.reports.regime_view import RegimeResult
 from ttft.reports.report_data import FIT_MIN_R2, ReportData, metadata_rows
+from ttft.reports.transfer_view import transfer_html
 
 PLOTLY_JS_VERSION = "4.1.1"
 """The plotly.js version of the vendored bundle: the one ``plotly.offline.get_plotlyjs_version``
@@ -293,8 +294,6 @@ def _quality(data: ReportData) -> str:
             f"offset {c['offset_ms']:+,.3f} ms {state} (estimate {c['estimate_ms']:+,.3f} ms, "
             f"spread {c['spread_ms']:,.3f} ms over {c['requests']:,} requests)</p>"
         )
-    for note in data.notes:
-        parts.append(f'<p class="note">{_e(note)}</p>')
     return "".join(parts)
 
 
@@ -332,6 +331,7 @@ def render_html(data: ReportData) -> str:
         f'<div class="sub">{_e(data.trace)} · boundary <b>{_e(boundary)}</b> · policy '
         f"<b>{_e(s.policy)}</b> · {s.requests:,} requests with a window · ttft "
         f"{_e(_version())} · {made}</div>",
+        *(f'<div class="sub"><b>{_e(note)}</b></div>' for note in data.notes),
         _headline(data),
         "<h2>Where TTFT goes</h2>",
         _figure(_figures.stage_bars(data), "stage-bars", "No request has a window."),
@@ -343,8 +343,10 @@ def render_html(data: ReportData) -> str:
         "<h2>Requests up close</h2>",
         waterfalls or '<p class="note">No request has a window.</p>',
         '<p class="note">Bars: solid = client clock, hatched = server host clock, crossed = '
-        "GPU clock; overlapping spans of a clock sit on separate lanes. Dotted red lines mark "
-        "the boundary events, the shaded band the TTFT window.</p>",
+        "GPU clock; overlapping spans of a worker sit on separate lanes, its K/V transfer and "
+        "engine steps on lanes of their own. Dotted red lines mark the boundary events, the "
+        "shaded band the TTFT window.</p>",
+        transfer_html(s.kv_transfer),
         "<h2>Wait blame</h2>",
         _figure(
             _figures.blame(data),

@@ -9,8 +9,10 @@ Layout of the export (times in µs from the earliest exported span, 3 decimals, 
   thread, ``f`` with ``bp: "e"`` on the server thread, at the server span's start).
 - its other spans: nestable async ``b``/``e`` events (``cat`` "request", process-scoped
   ``id2.local`` "<short id>.<lane>"), spread over lanes so that a lane only holds disjoint or
-  properly nested spans; its point events: async instants ``n`` on lane 0 of the same
-  process, which Perfetto draws on that async track.
+  properly nested spans, its ``kv_transfer`` spans on lanes of their own
+  ("<short id>.kv_transfer"), never among the chunks they overlap; its point events: async
+  instants ``n`` on lane 0 of the same process, which Perfetto draws on that async track.
+  A worker (disaggregated prefill and decode) is a (service, clock) process of its own.
 - engine ``step``/``forward`` spans: ``X`` on the "engine steps" thread of their process;
   ``gpu`` spans: ``X`` on thread "device N" of their GPU process. A span that would
   partially overlap another on its thread moves to an overflow thread instead.
@@ -39,6 +41,9 @@ FLOW_NAME = "client → server"
 GPU_CLOCK_PREFIX = "gpu:"
 STEP_STAGES = frozenset(("step", "forward"))
 _REQ_TID, _STEPS_TID, _LANE_TID = 1000, 1, 1_000_000
+_TRACK = {"kv_transfer": "kv_transfer"}
+"""Request stages drawn on async tracks of their own, never among the request's other
+spans (a transfer overlaps the prefill chunks it follows)."""
 
 
 def request_traces(table: pa.Table, requests: int | None = 100) -> list[str]:
@@ -230,7 +235,7 @@ class _Builder:
 
     def build(self) -> list[dict]:
         threads: dict[tuple[int, str, Any], list[_Row]] = defaultdict(list)
-        asyncs: dict[tuple[int, str], list[_Row]] = defaultdict(list)
+        asyncs: dict[tuple[int, str, str], list[_Row]] = defaultdict(list)
         points: list[_Row] = []
         roots: dict[tuple[str, str], _Row] = {}
         for r in sorted(self.rows, key=lambda r: (r.start, -r.end)):
@@ -248,11 +253,11 @@ class _Builder:
             elif id(r) in root_rows:
                 threads[(pid, "request", r.trace)].append(r)
             elif r.trace in self.index:
-                asyncs[(pid, r.trace)].append(r)
+                asyncs[(pid, r.trace, _TRACK.get(r.stage, ""))].append(r)
         for key in sorted(threads, key=lambda k: (k[0], k[1], self.index.get(k[2], -1))):
             self.complete(key, threads[key])
-        for (pid, trace), spans in asyncs.items():
-            self.nested(pid, trace, spans)
+        for (pid, trace, track), spans in asyncs.items():
+            self.nested(pid, trace, spans, track)
         for r in points:
             pid = self.process(r)
             self.emit(r.start, {"ph": "n", "name": r.name, "cat": CAT_REQUEST, "pid": pid,
@@ -289,11 +294,14 @@ class _Builder:
                                         "tid": tid, "dur": (r.end - r.start) / 1000,
                                         "args": self.args(r)})  # fmt: skip
 
-    def nested(self, pid: int, trace: str, spans: list[_Row]) -> None:
+    def nested(self, pid: int, trace: str, spans: list[_Row], track: str = "") -> None:
+        """A request's spans in one process as async lanes ``<short id>.<lane>``, or of a
+        track of their own (``kv_transfer``) as ``<short id>.<track>[.<lane>]``."""
         tid = self.request_tid(pid, trace)
         _, seqs = _lanes([(r.start, r.end) for r in spans])
         for lane, seq in enumerate(seqs):
-            ident = {"local": f"{self.short[trace]}.{lane}"}
+            name = f"{track}.{lane}" if track and lane else track or str(lane)
+            ident = {"local": f"{self.short[trace]}.{name}"}
             for phase, k in seq:
                 r = spans[k]
                 event = {"ph": phase, "name": r.name, "cat": CAT_REQUEST, "pid": pid, "tid": tid,

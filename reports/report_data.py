@@ -24,7 +24,11 @@ from ttft.analysis.pipeline import Analysis
 from ttft.analysis.prefill import QuadraticFit, prefill_fits, prefill_points
 from ttft.analysis.regime import regime_summary
 from ttft.analysis.summary import Summary, percentile_bands
+from ttft.analysis.transfer import deployment_note
 from ttft.reports.regime_view import RegimeResult, compute_regime
+from ttft.reports.waterfall_lanes import clock_kind as clock_kind
+from ttft.reports.waterfall_lanes import event_lanes, lanes, workers
+from ttft.reports.waterfall_lanes import lane_order as lane_order
 from ttft.tracer.schema import ATTR_STEP_ID, BOUNDARY_EVENTS, CONDITIONS
 
 _NS_PER_MS = 1e6
@@ -41,8 +45,10 @@ class Waterfall:
     """One request's spans on lanes, in ms from its window start.
 
     ``spans`` columns: ``name``, ``stage``, ``clock``, ``start_ms``, ``end_ms``, ``lane``
-    (lane labels such as ``client 1``; overlapping spans of one clock get separate lanes);
-    ``events``: ``(name, clock, t_ms)`` of the point events.
+    (lane labels such as ``client · 1``, per worker: ``ttft.reports.waterfall_lanes``;
+    overlapping spans of one worker get separate lanes, its steps and its ``kv_transfer``
+    lanes of their own); ``events``: ``(name, clock, t_ms)`` of the point events, each
+    drawn on its lane in ``event_lanes``.
     """
 
     label: str
@@ -53,6 +59,7 @@ class Waterfall:
     spans: pd.DataFrame
     events: list[tuple[str, str, float]]
     parts_ms: dict[str, float]
+    event_lanes: list[str]
 
 
 @dataclass
@@ -73,6 +80,7 @@ class ReportData:
     prefill_fits: dict[str, QuadraticFit]
     regime: RegimeResult | None = None
     notes: list[str] = field(default_factory=list)
+    """Lines the report shows under its title (how the run was deployed)."""
 
     @property
     def group_label(self) -> dict[str, str]:
@@ -173,6 +181,7 @@ def combine_report(summary: Summary, metadata: dict[str, Any], attr: Attribution
         prefill_points=points,
         prefill_fits=prefill_fits(points),
         regime=_in_request_order(regime),
+        notes=[note] if (note := deployment_note(metadata)) else [],
     )
 
 
@@ -215,8 +224,8 @@ def request_spans(asm: Assembly, request: int, a_ns: int, b_ns: int,
                   steps: pa.Table | None = None) -> pd.DataFrame:
     """What a request's waterfall draws: its own rows, the gpu spans of its chunks' steps
     and the engine steps overlapping its window ``[a_ns, b_ns)`` (what ran while it
-    waited) on the services its chunks ran on, as ``name, stage, clock, start_ns, end_ns``
-    on the assembly's (aligned) clock.
+    waited) on the services its chunks ran on, as ``name, stage, clock, service,
+    start_ns, end_ns`` on the assembly's (aligned) clock.
 
     Args:
         asm: the trace, or the partition holding the request, assembled.
@@ -250,20 +259,23 @@ def request_spans(asm: Assembly, request: int, a_ns: int, b_ns: int,
     outside = pd.DataFrame({
         "name": near_steps.column("name").to_pylist(), "stage": "step",
         "clock": ["" if c is None else c for c in clock],
+        "service": ["" if name is None else name for name in near_steps.column(
+            "service").to_pylist()],
         "start_ns": start[near], "end_ns": end[near],
     })
     return pd.concat([_frame(rows, np.concatenate([own, gpu])), outside], ignore_index=True)
 
 
 def _frame(rows: Rows, take: np.ndarray) -> pd.DataFrame:
-    """``name, stage, clock, start_ns, end_ns`` of the rows ``take``, on the assembly's
-    (aligned) clock."""
+    """``name, stage, clock, service, start_ns, end_ns`` of the rows ``take``, on the
+    assembly's (aligned) clock (a missing clock or service as ``""``)."""
     table = rows.table
     return pd.DataFrame(
         {
             "name": table.column("name").take(take).to_numpy(zero_copy_only=False),
             "stage": rows.stage_names(take),
             "clock": rows.clock_names(take),
+            "service": np.asarray([*rows.service_values, ""], dtype=object)[rows.service[take]],
             "start_ns": rows.start_ns[take],
             "end_ns": rows.end_ns[take],
         }
@@ -276,14 +288,15 @@ def waterfall(label: str, req: pd.Series, parts: pd.Series, frame: pd.DataFrame)
     by start, longest first, then stage, clock and name, and events by time, so the
     drawing never depends on the order the rows came in."""
     a_ns = int(req["a_ns"])
-    frame = frame.astype({"stage": str, "clock": str})
+    frame = frame.astype({"stage": str, "clock": str, "service": str})
+    frame = frame.assign(worker=workers(frame))
     is_event = frame["stage"] == "event"
     spans = _in_drawing_order(frame[~is_event])
     if len(spans) > MAX_WATERFALL_SPANS:
         own = spans[spans["stage"] != "step"]
         spans = pd.concat([own, spans[spans["stage"] == "step"]]).iloc[:MAX_WATERFALL_SPANS]
         spans = _in_drawing_order(spans)
-    lanes = _lanes(spans)
+    labels = lanes(spans, spans["worker"].to_numpy(object))
     drawn = pd.DataFrame(
         {
             "name": spans["name"].to_numpy(),
@@ -291,64 +304,25 @@ def waterfall(label: str, req: pd.Series, parts: pd.Series, frame: pd.DataFrame)
             "clock": spans["clock"].to_numpy(),
             "start_ms": (spans["start_ns"].to_numpy() - a_ns) / _NS_PER_MS,
             "end_ms": (spans["end_ns"].to_numpy() - a_ns) / _NS_PER_MS,
-            "lane": lanes,
+            "lane": labels,
         }
     )
-    events = sorted(
-        ((str(r.name), str(r.clock), (int(r.start_ns) - a_ns) / _NS_PER_MS)
+    placed = sorted(
+        ((str(r.name), str(r.clock), (int(r.start_ns) - a_ns) / _NS_PER_MS, str(r.worker))
          for r in frame[is_event].itertuples()
          if r.name in BOUNDARY_EVENTS or r.name == "sent"),
-        key=lambda e: (e[2], e[0], e[1]),
+        key=lambda e: (e[2], e[0], e[1], e[3]),
     )
+    events = [e[:3] for e in placed]
     ttft_ms = int(req["ttft_ns"]) / _NS_PER_MS
     condition = req["condition"] if isinstance(req["condition"], str) else None
     parts_ms = {k: v / _NS_PER_MS for k, v in parts.items() if v}
     return Waterfall(
-        label, str(req["trace_id"]), condition, ttft_ms, (0.0, ttft_ms), drawn, events, parts_ms
+        label, str(req["trace_id"]), condition, ttft_ms, (0.0, ttft_ms), drawn, events, parts_ms,
+        event_lanes(np.asarray([e[3] for e in placed], dtype=object), labels),
     )
 
 
 def _in_drawing_order(spans: pd.DataFrame) -> pd.DataFrame:
     return spans.sort_values(["start_ns", "end_ns", "stage", "clock", "name"],
                              ascending=[True, False, True, True, True], kind="stable")
-
-
-def clock_kind(clock: str) -> str:
-    """``client``, ``gpu`` (a ``gpu:`` clock) or ``host`` (any other server clock)."""
-    if clock == "client":
-        return "client"
-    return "gpu" if clock.startswith("gpu:") else "host"
-
-
-_KIND_ORDER = {"client": 0, "host": 1, "gpu": 2}
-
-
-def _lanes(spans: pd.DataFrame) -> list[str]:
-    """Greedy interval lanes per clock (engine steps in a group of their own): a span goes
-    on the first lane of its group whose last span ended at or before it starts, so no two
-    bars of a lane overlap."""
-    ends: dict[str, list[int]] = {}
-    out = []
-    rows = zip(spans["clock"], spans["stage"], spans["start_ns"], spans["end_ns"], strict=True)
-    for clock, stage, start, end in rows:
-        group = f"{clock} steps" if stage == "step" else clock
-        lane_ends = ends.setdefault(group, [])
-        for i, lane_end in enumerate(lane_ends):
-            if lane_end <= start:
-                lane_ends[i] = end
-                break
-        else:
-            lane_ends.append(end)
-            i = len(lane_ends) - 1
-        out.append(f"{group} · {i + 1}")
-    return out
-
-
-def lane_order(lanes: pd.Series) -> list[str]:
-    """Lane labels top to bottom: client lanes, then host, then gpu, each by number."""
-
-    def key(label: str) -> tuple[int, str, int]:
-        clock, _, n = label.rpartition(" · ")
-        return (_KIND_ORDER[clock_kind(clock)], clock, int(n))
-
-    return sorted(set(lanes), key=key)

@@ -13,6 +13,7 @@ from rich.text import Text
 from ttft.analysis.quality import MEANING
 from ttft.analysis.summary import Summary
 from ttft.reports._text import labelled, plain
+from ttft.reports.transfer_view import TITLE, transfer_rows
 
 _BAR_WIDTH = 20
 _NARROW_BAR_WIDTH = 10
@@ -180,6 +181,7 @@ def render_analysis(summary: Summary, console: Console) -> None:
         console.print(tail)
     render_decode(summary, console)
     render_load(summary, console)
+    render_transfer(summary, console)
     render_quality(summary, console)
 
 
@@ -236,6 +238,19 @@ def render_load(summary: Summary, console: Console) -> None:
         stages = good.get("ttft_stages")
         if stages is not None:
             console.print(plain(slo_stages_text(stages)))
+
+
+def render_transfer(summary: Summary, console: Console) -> None:
+    """Disaggregated serving's K/V transfer (`Summary.kv_transfer`) as a two-column table
+    fitted to the console; nothing when the trace has no transfer."""
+    if summary.kv_transfer is None:
+        return
+    table = FittedTable(title=TITLE, title_justify="left")
+    table.add_column("figure")
+    table.add_column("value", overflow="fold")
+    for name, value in transfer_rows(summary.kv_transfer):
+        table.add_row(plain(name), plain(value))
+    console.print(table)
 
 
 def slo_stages_text(found: dict) -> str:

@@ -20,6 +20,7 @@ from ttft.reports.terminal import (
     render_failures,
     render_load,
     render_quality,
+    render_transfer,
     stage_table,
 )
 from ttft.tracer.schema import STAGE_NAMES
@@ -266,8 +267,11 @@ def render_report(data: ReportData, console: Console) -> None:
             ),
         )
     )
+    for note in data.notes:
+        console.print(plain(note, "bold"), overflow="fold")
     render_failures(s, console)
     render_load(s, console)
+    render_transfer(s, console)
     if s.requests_ok == 0:
         console.print(Text("No request has a TTFT window at this boundary.", style="yellow"))
     else:

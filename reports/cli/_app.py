@@ -101,7 +101,13 @@ def load_trace(
     inputs = read_inputs(table)
     if inputs is not None:
         err.print(plain(describe_inputs(path, inputs)), soft_wrap=True)
-    return table, run_metadata(table)
+    from ttft.analysis.transfer import deployment_note
+
+    metadata = run_metadata(table)
+    note = deployment_note(metadata)  # disaggregated serving: where the first token came from
+    if note is not None:
+        err.print(plain(note), soft_wrap=True)
+    return table, metadata
 
 
 def _count(n: int, word: str) -> str:
@@ -130,6 +136,27 @@ def describe_inputs(path: Path, inputs: list[dict[str, Any]]) -> str:
             + "; ".join(described))
 
 
+def model_config_fields(path: Path | None) -> dict[str, Any] | None:
+    """The model config fields in the JSON file ``path`` (None without one).
+
+    Raises:
+        typer.Exit: code 2 when it cannot be read or holds no JSON object.
+    """
+    import json
+
+    if path is None:
+        return None
+    try:
+        fields = json.loads(path.read_text())
+    except OSError as exc:
+        raise fail(f"{path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise fail(f"{path}: not JSON ({exc})") from None
+    if not isinstance(fields, dict):
+        raise fail(f"{path}: expected a JSON object of model config fields")
+    return fields
+
+
 def regime_of(
     analysis: Analysis,
     *,
@@ -143,20 +170,9 @@ def regime_of(
     Raises:
         typer.Exit: code 2 when ``model_config`` cannot be read or is not a model config.
     """
-    import json
-
     from ttft.reports.regime_view import compute_regime
 
-    fields = None
-    if model_config is not None:
-        try:
-            fields = json.loads(model_config.read_text())
-        except OSError as exc:
-            raise fail(f"{model_config}: {exc.strerror or exc}") from None
-        except ValueError as exc:
-            raise fail(f"{model_config}: not JSON ({exc})") from None
-        if not isinstance(fields, dict):
-            raise fail(f"{model_config}: expected a JSON object of model config fields")
+    fields = model_config_fields(model_config)
     try:
         with progress("computing the prefill regime"):
             return compute_regime(
@@ -178,17 +194,23 @@ def analyze_trace(
     policy: str = "exclusive",
     format: str | None = None,
     mapping: Path | None = None,
+    slo: dict[str, float] | None = None,
 ) -> Analysis:
-    """Read ``path`` (:func:`load_trace`) and analyse it (:func:`ttft.analysis.analyze`).
+    """Read ``path`` (:func:`load_trace`) and analyse it (:func:`ttft.analysis.analyze`),
+    with the goodput of ``slo`` (limits in ms per metric) in its summary when given.
 
     Raises:
         typer.Exit: code 2 after printing what was wrong with the file or the mapping.
     """
     from ttft.analysis.pipeline import analyze
+    from ttft.reports.cli._options import add_goodput
 
     table, _ = load_trace(path, format=format, mapping=mapping)
     with progress(f"attributing {table.num_rows:,} spans"):
-        return analyze(table, boundary=boundary, policy=policy, trace=str(path))
+        analysis = analyze(table, boundary=boundary, policy=policy, trace=str(path))
+    if slo:
+        add_goodput(analysis, slo)
+    return analysis
 
 
 def print_summary(analysis: Analysis, *, as_json: bool = False) -> None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -11,7 +10,7 @@ from typing import Any, TypeVar
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ttft.analysis.summary import Summary
-from ttft.reports.cli._app import err, fail
+from ttft.reports.cli._app import err, fail, model_config_fields
 
 T = TypeVar("T")
 _PASSES = 2
@@ -107,7 +106,7 @@ def report_in_partitions(
     """
     from ttft.reports.runs.distributed import report_dataset
 
-    regime = {"model_config": _model_fields(model_config), "model_origin": str(model_config),
+    regime = {"model_config": model_config_fields(model_config), "model_origin": str(model_config),
               "peak_tflops": peak_tflops, "peak_bandwidth_gbs": peak_bandwidth_gbs}
     result = on_dask([trace], format, scheduler, lambda on_done: report_dataset(
         trace, boundary=boundary, policy=policy, workers=workers, scheduler=scheduler,
@@ -147,22 +146,3 @@ def compare_in_partitions(
 
 def _named(path: Path | None) -> str | None:
     return None if path is None else str(path)
-
-
-def _model_fields(path: Path | None) -> dict[str, Any] | None:
-    """The model config fields in the JSON file ``path`` (None without one).
-
-    Raises:
-        typer.Exit: code 2 when it cannot be read or holds no JSON object.
-    """
-    if path is None:
-        return None
-    try:
-        fields = json.loads(path.read_text())
-    except OSError as exc:
-        raise fail(f"{path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise fail(f"{path}: not JSON ({exc})") from None
-    if not isinstance(fields, dict):
-        raise fail(f"{path}: expected a JSON object of model config fields")
-    return fields

@@ -33,7 +33,6 @@ from ttft.reports.cli._options import (
     SloOption,
     TraceArgument,
     WorkersOption,
-    add_goodput,
 )
 
 
@@ -80,9 +79,8 @@ def analyze(
         policy=policy.value,
         format=format,
         mapping=mapping,
+        slo=slo,
     )
-    if slo:
-        add_goodput(analysis, slo)
     if per_request is not None:
         import pyarrow as pa
         import pyarrow.parquet as pq

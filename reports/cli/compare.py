@@ -82,8 +82,10 @@ def compare(
         )
         attrs = [r.attribution for r in results]
         summaries = [r.summary for r in results]
+        deployments = _dataset_deployments((a, b))
     else:
         attrs, summaries = _one_process((a, b), given, policy.value, format, mapping, slo)
+        deployments = None  # read from each file's run metadata by the view
     chosen = attrs[0].boundary
     load = compare_load(*summaries)
     for path, attr in zip((a, b), attrs, strict=True):
@@ -123,7 +125,7 @@ def compare(
         render_failure_rates(failures, console, _CONFIDENCE)
         render_compare(
             table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts,
-            console, _CONFIDENCE,
+            console, _CONFIDENCE, deployments=deployments,
         )
         good = summaries[0].goodput
         render_load_compare(load, console, slo_text(good["slo"]) if good else None)
@@ -163,6 +165,14 @@ def _one_process(paths: tuple[Path, Path], given: str | None, policy: str,
     for analysis in analyses if slo else ():
         add_goodput(analysis, slo)
     return [x.attribution for x in analyses], [x.summary for x in analyses]
+
+
+def _dataset_deployments(paths: tuple[Path, Path]) -> list[str | None]:
+    """How each dataset's run was served, from its run metadata (``engine.disaggregated``)."""
+    from ttft.analysis.transfer import deployment
+    from ttft.collectors import dataset_info
+
+    return [deployment(dataset_info(path).get("metadata") or {}) for path in paths]
 
 
 def _common_boundary(supported: list[tuple[str, ...]], paths: tuple[Path, Path]) -> str:

@@ -32,7 +32,6 @@ from ttft.reports.cli._options import (
     SloOption,
     TraceArgument,
     WorkersOption,
-    add_goodput,
 )
 
 
@@ -110,9 +109,8 @@ def _one_process(trace, boundary, policy, format, mapping, slo, model_config, pe
         policy=policy.value,
         format=format,
         mapping=mapping,
+        slo=slo,  # the report's summary is the analysis's
     )
-    if slo:
-        add_goodput(analysis, slo)  # the report's summary is the analysis's
     found = regime_of(
         analysis,
         model_config=model_config,

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from _disagg import disaggregate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_clocks import shifted
@@ -116,6 +117,18 @@ def test_merged_summary_equals_one_process_exactly(partitions, boundary):
         of_dataset = one_process(own_rows(dataset), boundary, policy).summary.to_dict()
         assert merged.to_dict() == of_dataset, (partitions, boundary, policy)
         assert merged.to_dict() == single_summary(boundary, policy), (partitions, policy)
+
+
+@pytest.mark.parametrize("partitions", [2, 5, 13])
+def test_a_disaggregated_datasets_kv_transfer_summary_merges_exactly(partitions):
+    """Every request's K/V transfer lands in its request's partition; the merged summary,
+    ``kv_transfer`` included, is the one-process summary."""
+    table = disaggregate(synthetic())
+    for boundary, policy in SOME:
+        _, merged = in_partitions(split(table, partitions), boundary, policy)
+        single = one_process(table, boundary, policy).summary.to_dict()
+        assert merged.to_dict()["kv_transfer"]["requests"] == 300
+        assert merged.to_dict() == single, (partitions, boundary, policy)
 
 
 @pytest.mark.parametrize("partitions", [2, 13])
