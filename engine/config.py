@@ -24,7 +24,8 @@ class EngineConfig:
             ``detokenize`` sleep on the request's own asyncio path; ``queue`` makes a
             request eligible for admission that much after its arrival (later requests
             may be admitted before it); ``schedule`` and ``sample`` sleep in the worker,
-            so they delay the whole step (``ttft.engine.faults``).
+            so they delay the whole step; ``kv_transfer`` delays a disaggregated engine's
+            K/V transfer and does nothing here (``ttft.engine.faults``).
 
     Raises:
         ValueError: a limit under 1, ``max_running`` outside 1..``max_batch_tokens``, or

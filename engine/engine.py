@@ -201,16 +201,21 @@ class Engine:
             record(
                 "tokenize", t0_ns, ready_ns, request_id=rid, parent=parent, prompt_tokens=len(ids)
             )
+        self._enqueue(req, ready_ns)
+        return RequestStream(req, self.tokenizer, self._wake.set)
+
+    def _enqueue(self, req: RequestState, ready_ns: int) -> None:
+        """Append ``req``, ready at ``ready_ns``, to the waiting queue and wake the worker;
+        ``QueueFull`` when ``config.max_queue`` requests are waiting."""
         with self._lock:
             if len(self._waiting) >= self.config.max_queue:
                 raise QueueFull(
                     f"waiting queue full ({self.config.max_queue} requests); retry later"
                 )
             req.arrival_ns = ready_ns
-            req.eligible_ns = req.arrival_ns + delay_ns(delays, "queue")
+            req.eligible_ns = req.arrival_ns + delay_ns(req.delays_ms, "queue")
             self._waiting.append(req)
         self._wake.set()
-        return RequestStream(req, self.tokenizer, self._wake.set)
 
     def _validate(self, ids: list[int], max_tokens: int) -> None:
         if not ids:
@@ -274,14 +279,8 @@ class Engine:
         running = [kv.running(r) for r in self._running]
         waiting = self._candidates(config.max_running - len(running))
         free = kv.free_blocks() if any(w.eligible for w in waiting) else 0
-        return plan_step(
-            waiting,
-            running,
-            free_blocks=free,
-            max_batch_tokens=config.max_batch_tokens,
-            chunk_size=config.chunk_size,
-            max_running=config.max_running,
-        )
+        return plan_step(waiting, running, free_blocks=free, max_running=config.max_running,
+                         max_batch_tokens=config.max_batch_tokens, chunk_size=config.chunk_size)
 
     def _candidates(self, slots: int) -> list[Waiting[RequestState]]:
         """The waiting queue up to its ``slots``-th eligible request (the plan admits no
@@ -318,13 +317,9 @@ class Engine:
         step_id = next(self._step_ids)
         decode = list(plan.decode)
         served = [r for r, _ in plan.prefill] + decode
-        with stage(
-            "step",
-            step_id=step_id,
-            prefill_tokens=sum(n for _, n in plan.prefill),
-            decode_tokens=len(decode),
-            running=len(self._running),
-        ) as span:
+        prefill_tokens = sum(n for _, n in plan.prefill)
+        with stage("step", step_id=step_id, prefill_tokens=prefill_tokens,
+                   decode_tokens=len(decode), running=len(self._running)) as span:
             link_served(span, served)
             for req, n in plan.prefill:
                 self._isolated(req, self._prefill, req, n, step_id)
@@ -355,6 +350,7 @@ class Engine:
         req.computed += n
         end_ns = note_chunk(req, t0_ns, n, step_id)
         record_batch_wait(req, t0_ns, step_id=step_id)  # its first chunk: the wait ends
+        end_ns = self._chunk_done(req, end_ns)
         if req.computed < len(req.prompt_ids):
             return
         record_prefill(req)
@@ -364,6 +360,11 @@ class Engine:
         self._emit(req, token)  # the first token goes out before the cache bookkeeping
         if req.seq is not None:  # still running (a finished one inserted its whole sequence)
             self.prefix_cache.insert(req.prompt_ids, req.seq)
+
+    def _chunk_done(self, req: RequestState, end_ns: int) -> int:
+        """After each prefill chunk of ``req`` (ended at ``end_ns``), where a disaggregated
+        prefill worker sends its K/V blocks; returns when ``sample`` may begin."""
+        return end_ns
 
     def _emit(self, req: RequestState, token: int) -> None:
         req.out_ids.append(token)

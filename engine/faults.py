@@ -5,7 +5,11 @@ A delay lands inside its stage's span: ``tokenize`` and ``detokenize`` sleep on 
 request's own asyncio path (other requests go on); ``queue`` makes a request eligible for
 admission that much after its arrival (later requests may be admitted before it);
 ``schedule`` and ``sample`` sleep in the engine's worker thread, so they delay the whole
-step. Delays are in milliseconds, per stage, in a plain ``dict[str, float]``.
+step; ``kv_transfer`` (disaggregated serving only, ``ttft.engine.disagg``; the co-located
+engine has no transfer and ignores it) sleeps in the prefill worker's thread after the
+request's first K/V block went out and before its last one goes, so it lies inside the
+``kv_transfer`` span and before the first token is sampled. Delays are in milliseconds,
+per stage, in a plain ``dict[str, float]``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ __all__ = [
     "sleep_for",
 ]
 
-DELAY_STAGES = ("tokenize", "queue", "schedule", "sample", "detokenize")
+DELAY_STAGES = ("tokenize", "queue", "schedule", "sample", "detokenize", "kv_transfer")
 """The stages ``inject_delay_ms`` can delay (each delay lands inside that stage's span)."""
 
 

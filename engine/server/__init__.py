@@ -18,7 +18,7 @@ response bodies), ``errors``, ``generation`` (stop strings, usage, server-sent e
 ``metrics`` (Prometheus), ``body_limit``, ``inprocess``.
 """
 
-from ttft.engine.server.app import build_engine, create_app, serve
+from ttft.engine.server.app import build_engine, create_app, forward_worker_spans, serve
 from ttft.engine.server.body_limit import MAX_BODY_BYTES
 from ttft.engine.server.inprocess import free_port, serving
 
@@ -26,6 +26,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "build_engine",
     "create_app",
+    "forward_worker_spans",
     "free_port",
     "serve",
     "serving",

@@ -23,7 +23,7 @@ from ttft.engine.server.routes import ServerState, router
 from ttft.engine.tokenizer import Tokenizer
 from ttft.tracer.asgi import TTFTMiddleware
 
-__all__ = ["build_engine", "create_app", "serve"]
+__all__ = ["build_engine", "create_app", "forward_worker_spans", "serve"]
 
 _STOP_TIMEOUT_S = 5.0
 
@@ -38,14 +38,19 @@ def build_engine(
     inject_delay_ms: dict[str, float] | None = None,
     tokenizer_cache_dir: str | None = None,
     measure_peaks: bool | None = None,
+    disaggregate: bool = False,
+    first_token: str = "decode",
 ) -> Engine:
     """A (not yet started) engine over a random-weight model of preset ``model``.
 
     ``measure_peaks``: measure the device's peaks at start-up for the ``engine_info``
     event (``Engine.start``); None measures only when tracing is configured.
+    ``disaggregate``: a ``ttft.engine.disagg.DisaggEngine`` (a prefill worker process and
+    the decode worker here; ``first_token``: ``decode`` or ``prefill``, where the first
+    token is delivered from).
 
     Raises:
-        ValueError: unknown preset or an invalid engine configuration.
+        ValueError: unknown preset, an invalid engine configuration, a bad ``first_token``.
     """
     config = ModelConfig.preset(model)
     net = Transformer.from_config(config, seed=seed, device=device)
@@ -57,7 +62,22 @@ def build_engine(
         max_running=min(16, max_batch_tokens),
         inject_delay_ms=dict(inject_delay_ms or {}),
     )
+    if disaggregate:
+        from ttft.engine.disagg import DisaggEngine
+
+        return DisaggEngine(net, tokenizer, engine_config, seed=seed, first_token=first_token,
+                            tokenizer_dir=tokenizer_cache_dir, measure_peaks=measure_peaks)
     return Engine(net, tokenizer, engine_config, measure_peaks=measure_peaks)
+
+
+def forward_worker_spans(engine: Engine, tracing: Any) -> None:
+    """Send the spans of ``engine``'s worker processes (a ``DisaggEngine``'s prefill
+    worker) out with this process's, through ``tracing`` (``ttft.tracer.configure``'s
+    handle); nothing for an engine without workers."""
+    from ttft.engine.disagg import DisaggEngine
+
+    if isinstance(engine, DisaggEngine):
+        engine.span_sink = tracing.recorder.add_readable
 
 
 @contextlib.asynccontextmanager
@@ -132,6 +152,7 @@ def serve(
     from ttft.tracer import configure
 
     tracing = configure("ttft-server", exporters)
+    forward_worker_spans(engine, tracing)
     try:
         app = create_app(engine, model_name=model_name, api_key=api_key)
         config = uvicorn.Config(

@@ -111,12 +111,30 @@ def serve(
         list[str] | None,
         typer.Option(help="STAGE=MS: a known delay inside a stage (repeatable)"),
     ] = None,
+    disaggregate: Annotated[
+        bool,
+        typer.Option(help="prefill in a worker process of its own; its K/V blocks go to the "
+                     "decode worker (this process) over a socket on 127.0.0.1"),
+    ] = False,
+    first_token: Annotated[
+        str,
+        typer.Option(help="with --disaggregate: deliver the first token from the 'decode' "
+                     "side after the K/V transfer (TTFT includes it) or from the 'prefill' "
+                     "side at once (the transfer shows in the second token)"),
+    ] = "decode",
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible HTTP API, traced: every
-    request's server, engine and forward spans go to --trace-out and/or --otlp-endpoint.
+    request's server, engine and forward spans go to --trace-out and/or --otlp-endpoint
+    (with --disaggregate the prefill worker's spans too, in its own clock domain).
 
     The port is bound first, so a busy one fails at once, before the model loads."""
+    if first_token not in ("decode", "prefill"):
+        raise fail(f"--first-token {first_token!r}: expected decode or prefill")
+    if first_token != "decode" and not disaggregate:
+        raise fail("--first-token needs --disaggregate")
     delays = _delays(inject_delay or [])
+    if "kv_transfer" in delays and not disaggregate:
+        raise fail("--inject-delay kv_transfer=MS needs --disaggregate (no transfer otherwise)")
     sock = _bind(host, port)
     try:
         build_engine, run_server = _engine_modules()
@@ -129,6 +147,8 @@ def serve(
             chunk_size=chunk_size,
             max_queue=max_queue,
             inject_delay_ms=delays,
+            disaggregate=disaggregate,
+            first_token=first_token,
         )
     except ValueError as exc:
         sock.close()
@@ -137,6 +157,7 @@ def serve(
         sock.close()
         raise
     port = sock.getsockname()[1]  # the OS's pick for --port 0
-    err.print(f"serving model {model!r} on http://{host}:{port}/v1 (Ctrl-C to stop)")
+    mode = f", disaggregated (first token from {first_token})" if disaggregate else ""
+    err.print(f"serving model {model!r}{mode} on http://{host}:{port}/v1 (Ctrl-C to stop)")
     run_server(engine, host=host, port=port, api_key=api_key, exporters=exporters,
                model_name=model, sock=sock)

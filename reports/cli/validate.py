@@ -35,9 +35,14 @@ def validate(
         list[str] | None,
         typer.Option(
             help="STAGE=MS to inject (repeatable; default tokenize=20 queue=30 sample=10 "
-            "detokenize=5)"
+            "detokenize=5, and kv_transfer=15 with --disaggregate)"
         ),
     ] = None,
+    disaggregate: Annotated[
+        bool,
+        typer.Option(help="serve a prefill worker process and the decode worker (the first "
+                     "token after the K/V transfer), so kv_transfer can be delayed too"),
+    ] = False,
     out: Annotated[Path, typer.Option("-o", "--out", help="folder for the two traces")] = Path(
         "ttft-validate"
     ),
@@ -48,19 +53,29 @@ def validate(
     rose by the injected delay within max(1 ms, 5 %). Exit 0 when every delay is
     recovered, 1 on a miss, 2 on bad input."""
     from ttft.engine.model import ModelConfig
-    from ttft.reports.runs.validate import DEFAULT_DELAYS_MS, check_delays, run_validate
+    from ttft.reports.runs.validate import (
+        DEFAULT_DELAYS_MS,
+        DISAGG_DEFAULT_DELAYS_MS,
+        check_delays,
+        run_validate,
+    )
 
+    defaults = DISAGG_DEFAULT_DELAYS_MS if disaggregate else DEFAULT_DELAYS_MS
     try:
-        delays = check_delays(_parse_delays(delay) if delay else DEFAULT_DELAYS_MS)
+        delays = check_delays(_parse_delays(delay) if delay else defaults,
+                              disaggregate=disaggregate)
         ModelConfig.preset(model)
     except ValueError as exc:
         raise fail(str(exc)) from None
     if not delays:
         raise fail("no delay to inject: give at least one --delay STAGE=MS")
     stages = ", ".join(f"{s}={ms:g}" for s, ms in delays.items())
+    mode = " disaggregated" if disaggregate else ""
     try:
-        with progress(f"validating {model!r}: {requests} requests without, then with {stages}"):
-            result = run_validate(out, requests=requests, model=model, delays_ms=delays, seed=seed)
+        with progress(f"validating {model!r}{mode}: {requests} requests without, then with "
+                      f"{stages}"):
+            result = run_validate(out, requests=requests, model=model, delays_ms=delays,
+                                  seed=seed, disaggregate=disaggregate)
     except OSError as exc:
         raise fail(f"{out}: {exc.strerror or exc}") from None
     from ttft.reports.validate_view import render_validate

@@ -13,6 +13,11 @@ Every delay the engine accepts sleeps inside the span of its own stage (``tokeni
 admission, ``schedule`` and ``sample`` in the worker), and every one of those spans lies
 before the first token leaves the server, so the server-boundary TTFT median should rise
 by about the sum of the delays: that is reported beside the stages, for information.
+
+With ``disaggregate`` both phases serve a ``DisaggEngine`` (a prefill worker process, the
+decode worker in this process, the first token delivered from the decode side, so TTFT
+includes the transfer), whose worker's spans join the phase's trace; ``kv_transfer`` can
+then be delayed too (``DISAGG_DEFAULT_DELAYS_MS``), and is refused otherwise.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from ttft.tracer.schema import OUTCOME_OK
 
 __all__ = [
     "DEFAULT_DELAYS_MS",
+    "DISAGG_DEFAULT_DELAYS_MS",
     "DELAY_STAGES",
     "PhaseRun",
     "StageCheck",
@@ -52,6 +58,13 @@ DEFAULT_DELAYS_MS: Mapping[str, float] = MappingProxyType(
     {"tokenize": 20.0, "queue": 30.0, "sample": 10.0, "detokenize": 5.0}
 )
 
+DISAGG_DEFAULT_DELAYS_MS: Mapping[str, float] = MappingProxyType(
+    {**DEFAULT_DELAYS_MS, "kv_transfer": 15.0}
+)
+"""The defaults of ``ttft validate --disaggregate``: the transfer delayed too."""
+DISAGG_ONLY = ("kv_transfer",)
+"""Stages only a disaggregated engine has."""
+
 BOUNDARY = "server"
 POLICY = "exclusive"
 _PROMPT_TOKENS = 64
@@ -65,17 +78,24 @@ def tolerance_ms(injected_ms: float) -> float:
     return max(1.0, 0.05 * injected_ms)
 
 
-def check_delays(delays_ms: Mapping[str, float]) -> dict[str, float]:
+def check_delays(
+    delays_ms: Mapping[str, float], *, disaggregate: bool = False
+) -> dict[str, float]:
     """``delays_ms`` as a plain dict of floats.
 
     Raises:
-        ValueError: a stage the engine cannot delay, or a negative delay.
+        ValueError: a stage the engine cannot delay (``kv_transfer`` without
+            ``disaggregate``), or a negative delay.
     """
-    bad = sorted(set(delays_ms) - set(DELAY_STAGES))
+    if not disaggregate and set(delays_ms) & set(DISAGG_ONLY):
+        raise ValueError("kv_transfer has a delay only in a disaggregated engine: "
+                         "add --disaggregate")
+    stages = [s for s in DELAY_STAGES if disaggregate or s not in DISAGG_ONLY]
+    bad = sorted(set(delays_ms) - set(stages))
     if bad:
         raise ValueError(
             f"cannot inject a delay into {', '.join(map(repr, bad))}; "
-            f"choose from {', '.join(DELAY_STAGES)}"
+            f"choose from {', '.join(stages)}"
         )
     negative = {s: ms for s, ms in delays_ms.items() if not ms >= 0}
     if negative:
@@ -174,15 +194,17 @@ def _run_phase(
     device: str,
     seed: int,
     fit: bool,
+    disaggregate: bool,
 ) -> tuple[PhaseRun, list[workloads.WorkItem]]:
     """Serve a fresh engine with ``delays_ms``, send ``items`` one at a time, attribute.
 
     With ``fit`` the prompts are first made exactly their target length through the
     server's ``/tokenize``; the items sent are returned, for the next phase to reuse.
     """
-    from ttft.engine.server import build_engine, serving
+    from ttft.engine.server import build_engine, forward_worker_spans, serving
 
-    engine = build_engine(model, device=device, seed=seed, inject_delay_ms=delays_ms)
+    engine = build_engine(model, device=device, seed=seed, inject_delay_ms=delays_ms,
+                          disaggregate=disaggregate)
     model_name = f"ttft-{model}"
     trace = out_dir / f"{name}.parquet"
     writer = TraceWriter(
@@ -202,6 +224,7 @@ def _run_phase(
         },
     )
     tracing = configure(f"ttft-validate-{name}", [ParquetSpanExporter(writer)])
+    forward_worker_spans(engine, tracing)
     try:
         with serving(engine, model_name=model_name) as base_url:
             if fit:
@@ -252,6 +275,7 @@ def run_validate(
     seed: int = 0,
     device: str = "cpu",
     applied_delays_ms: Mapping[str, float] | None = None,
+    disaggregate: bool = False,
 ) -> ValidateResult:
     """Run the baseline and the injected phase and compare medians stage by stage.
 
@@ -265,6 +289,7 @@ def run_validate(
         applied_delays_ms: the delays actually configured in the injected engine, when
             they should differ from ``delays_ms`` (which stays what is expected): a way
             to see that a wrong claim is caught.
+        disaggregate: serve a disaggregated engine (module docstring).
 
     Returns:
         The checks; ``ok`` says whether every stage was recovered.
@@ -274,8 +299,9 @@ def run_validate(
             model preset.
         OSError: ``out_dir`` cannot be written.
     """
-    expected = check_delays(delays_ms)
-    applied = expected if applied_delays_ms is None else check_delays(applied_delays_ms)
+    expected = check_delays(delays_ms, disaggregate=disaggregate)
+    applied = (expected if applied_delays_ms is None
+               else check_delays(applied_delays_ms, disaggregate=disaggregate))
     if requests < 1:
         raise ValueError(f"requests must be >= 1, got {requests}")
     started = time.perf_counter()
@@ -286,7 +312,7 @@ def run_validate(
         max_tokens=_MAX_TOKENS,
         seed=seed,
     )
-    common = dict(model=model, device=device, seed=seed)
+    common = dict(model=model, device=device, seed=seed, disaggregate=disaggregate)
     base, items = _run_phase("baseline", out_dir, items, {}, fit=True, **common)
     inj, _ = _run_phase("injected", out_dir, items, applied, fit=False, **common)
 

@@ -1,0 +1,396 @@
+"""``DisaggEngine``: disaggregated prefill and decode. This process (the API server's) is
+the decode worker; a ``PrefillEngine`` in a child process (``WorkerProcess``) prefills.
+
+A request is tokenized here, then sent to the prefill worker and queued here at once, as
+SGLang's router sends it to both sides: the decode worker admits it (its ``queue`` span,
+its K/V reserved) while the prefill worker queues and prefills it. The prefill worker
+sends each chunk's finished K/V blocks as the chunk ends; a receiver thread here installs
+them in the request's blocks of the paged cache as they arrive (blocks that came before
+the request was admitted, at its admission; blocks its own prefix cache holds already are
+skipped). The decode worker thread, which owns the cache otherwise, never reads those
+blocks before the transfer is complete: once every prompt block is installed and the
+first token is known, the request decodes in the batch like any other.
+
+First token (``first_token``): ``decode`` (the default) delivers it once the transfer is
+installed, so TTFT includes the transfer; ``prefill`` delivers it as it arrives from the
+prefill worker, so the transfer lies after TTFT and shows in the second token's time.
+
+Spans here: ``tokenize``, ``queue`` and ``schedule`` of the decode side (no ``batch_wait``:
+its wait after admission is the transfer), ``kv_transfer`` (attributes ``ttft.kv.blocks``
+and ``ttft.kv.bytes``) from the prefill worker's ``begin_ns`` (the first block handed to
+its channel, on its clock: one host shares the clock, another host needs the clocks
+aligned) to the last block installed, and the ``step`` spans; ``deliver`` starts at the
+prefill worker's ``first_sampled``. The worker's spans come over the channel and go to
+``span_sink`` (the server's recorder), in the worker's clock domain and service.
+
+Failure: when the prefill worker dies, every request still waiting for it ends with
+``EngineStopped`` (HTTP 503) and so does every later ``submit``; requests already decoding
+finish. ``stop`` stops the worker process too (killed when it does not exit in time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ttft.engine.config import EngineConfig
+from ttft.engine.disagg.channel import (
+    ChannelClosed,
+    block_bytes,
+    install_blocks,
+    recv_blocks,
+    recv_header,
+    recv_payload,
+)
+from ttft.engine.disagg.prefill import trace_fields
+from ttft.engine.disagg.process import WorkerProcess
+from ttft.engine.disagg.span_wire import rebuild
+from ttft.engine.engine import Engine, EngineStopped
+from ttft.engine.model import Transformer
+from ttft.engine.policy import StepPlan
+from ttft.engine.stream import RequestState
+from ttft.engine.tokenizer import Tokenizer
+from ttft.tracer import clock_ns, record
+from ttft.tracer.schema import ATTR_KV_BLOCKS, ATTR_KV_BYTES
+
+__all__ = ["API_SIDE_DELAYS", "FIRST_TOKEN_MODES", "DisaggEngine"]
+
+log = logging.getLogger(__name__)
+
+FIRST_TOKEN_MODES = ("decode", "prefill")
+"""Where the first token is delivered from (``DisaggEngine.first_token``)."""
+API_SIDE_DELAYS = frozenset({"tokenize", "detokenize"})
+"""Injected delays applied here; the others go to the prefill worker."""
+
+
+@dataclass(eq=False)
+class _Inbound:
+    """One request's transfer as the decode side sees it (shared with the receiver)."""
+
+    req: RequestState
+    key: str
+    total: int  # prompt blocks to receive
+    parts: list[tuple[int, int, memoryview]] = field(default_factory=list)  # first, count, data
+    blocks: list[int] | None = None  # the request's prompt blocks here, once admitted
+    skip: int = 0  # of them, those its prefix-cache hit here holds already
+    begin_ns: int = 0
+    installed: int = 0
+    installed_ns: int = 0
+    nbytes: int = 0
+    token: tuple[int, int, int, bytes] | None = None  # token, sampled_ns, cached, generator
+    error: BaseException | None = None
+
+
+def _reason(token: int, n_out: int, max_tokens: int, eos_id: int) -> str | None:
+    """Why a request ends after its ``n_out``-th token ``token`` (None: it goes on)."""
+    if token == eos_id:
+        return "stop"
+    return "length" if n_out >= max_tokens else None
+
+
+class DisaggEngine(Engine):
+    """``Engine``'s interface (``submit``, ``start``, ``stop``) over a decode worker here
+    and a prefill worker process.
+
+    Args:
+        model, tokenizer, config: as for ``Engine``; the worker builds the same model from
+            ``model.config`` and ``seed``, on the same device.
+        seed: the seed ``model``'s weights were drawn from.
+        first_token: ``decode`` or ``prefill`` (module docstring).
+        host: the channel's address (loopback by default).
+        tokenizer_dir: the worker's tokenizer cache (None: the default).
+        traced: whether the worker records spans (sent to ``span_sink``).
+
+    Raises:
+        ValueError: an unknown ``first_token``.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        config: EngineConfig | None = None,
+        *,
+        seed: int = 0,
+        first_token: str = "decode",
+        host: str = "127.0.0.1",
+        tokenizer_dir: str | None = None,
+        traced: bool = True,
+        measure_peaks: bool | None = None,
+    ) -> None:
+        if first_token not in FIRST_TOKEN_MODES:
+            raise ValueError(f"first_token must be one of {FIRST_TOKEN_MODES}, got {first_token!r}")
+        super().__init__(model, tokenizer, config, measure_peaks=measure_peaks)
+        self.first_token = first_token
+        self.span_sink: Callable[[Any], None] | None = None
+        worker_config = dataclasses.replace(
+            self.config, max_queue=self.config.max_queue + self.config.max_running,
+            inject_delay_ms={})
+        self.worker = WorkerProcess({
+            "model": dataclasses.asdict(model.config), "seed": seed,
+            "device": str(next(model.parameters()).device),
+            "config": dataclasses.asdict(worker_config), "tokenizer_dir": tokenizer_dir,
+            "traced": traced, "clock": f"host:{socket.gethostname()}/prefill",
+            "first_token": first_token,
+            "measure_peaks": measure_peaks,
+        }, host)
+        self._inbound: dict[str, _Inbound] = {}
+        self._inbox_lock = threading.Lock()
+        self._keys = iter(range(1 << 62))
+        self._failed: BaseException | None = None
+        self._receiver: threading.Thread | None = None
+
+    def run_metadata(self) -> dict[str, Any]:
+        """``Engine.run_metadata`` plus ``disaggregated``: the first-token mode, the channel
+        and the prefill worker's engine metadata."""
+        meta = super().run_metadata()
+        meta["engine"]["disaggregated"] = {
+            "first_token": self.first_token,
+            "channel": f"tcp {self.worker.host}",
+            "prefill": self.worker.metadata,
+        }
+        return meta
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 120.0) -> DisaggEngine:  # type: ignore[override]
+        """Start the prefill worker (wait for it to be ready), the receiver and the decode
+        worker.
+
+        Raises:
+            WorkerFailed: the prefill worker did not start.
+            RuntimeError: already started.
+        """
+        if self._receiver is not None:
+            raise RuntimeError("engine already started")
+        self.worker.start(timeout_s)
+        self._receiver = threading.Thread(target=self._receive, name="ttft-kv-receiver",
+                                          daemon=True)
+        self._receiver.start()
+        return super().start()  # type: ignore[return-value]
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the decode worker, then the prefill worker process (its last spans are
+        received first), bounded by ``timeout_s`` each. Idempotent."""
+        super().stop(timeout_s)
+        self.worker.stop(timeout_s)
+        if self._receiver is not None:
+            self._receiver.join(timeout_s)
+        self.worker.kill()
+
+    # -- the receiver thread ------------------------------------------------------------
+
+    def _receive(self) -> None:
+        sock = self.worker.sock
+        assert sock is not None
+        try:
+            while True:
+                header, n = recv_header(sock)
+                if header.get("op") == "blocks":
+                    self._on_blocks(sock, header, n)
+                else:
+                    self._on_message(header, recv_payload(sock, n))
+        except (ChannelClosed, OSError):
+            pass
+        except Exception:  # a malformed message: the channel cannot be trusted any more
+            log.exception("ttft disagg: bad message from the prefill worker")
+        if not self._stopping:
+            log.error("ttft disagg: the prefill worker is gone (%s)", self.worker.describe_exit())
+        self._fail_all(EngineStopped(f"the prefill worker is gone ({self.worker.describe_exit()})"))
+
+    def _on_blocks(self, sock: socket.socket, header: dict[str, Any], n: int) -> None:
+        """A ``blocks`` message: straight into the request's blocks once it has them here
+        (``recv_blocks``; under ``_inbox_lock``, see ``_install``), else kept for later."""
+        first, count = header["first"], header["count"]
+        with self._inbox_lock:
+            ib = self._inbound.get(header["key"])
+            direct = ib is not None and ib.blocks is not None and not ib.parts
+            if direct:
+                ib.begin_ns = ib.begin_ns or header["begin_ns"]
+                recv_blocks(sock, n, self.cache, ib.blocks[first : first + count],
+                            keep_from=max(0, ib.skip - first))
+                ib.parts.append((first, count, memoryview(b"")))  # counted, not copied
+                self._install(ib)
+        if direct:
+            self._wake.set()
+        else:
+            self._on_message(header, recv_payload(sock, n))
+
+    def _on_message(self, header: dict[str, Any], payload: memoryview) -> None:
+        op = header.get("op")
+        if op == "spans":
+            sink = self.span_sink
+            if sink is not None:
+                for flat in header["spans"]:
+                    sink(rebuild(flat))
+            return
+        with self._inbox_lock:
+            ib = self._inbound.get(header.get("key", ""))
+            if ib is None:
+                return  # a request given up here: its late messages are dropped
+            if op == "blocks":
+                ib.begin_ns = ib.begin_ns or header["begin_ns"]
+                ib.parts.append((header["first"], header["count"], payload))
+                self._install(ib)
+            elif op == "token":
+                ib.token = (header["token"], header["sampled_ns"], header["cached_tokens"],
+                            bytes(payload))
+            elif op == "error":
+                ib.error = ValueError(header["message"])
+        if op == "token" and self.first_token == "prefill":
+            self._deliver_first(ib)
+        self._wake.set()
+
+    def _deliver_first(self, ib: _Inbound) -> None:
+        """The first token to the stream now (``first_token="prefill"``)."""
+        token, sampled_ns, cached, _ = ib.token  # type: ignore[misc]
+        req = ib.req
+        req.sampled_ns = sampled_ns
+        reason = _reason(token, 1, req.max_tokens, self.tokenizer.eos_id)
+        self._deliver(req, (token, reason is not None, reason, cached))
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._inbox_lock:
+            self._failed = error
+            for ib in self._inbound.values():
+                ib.error = ib.error or error
+        self._wake.set()
+
+    # -- the asyncio side ---------------------------------------------------------------
+
+    def _enqueue(self, req: RequestState, ready_ns: int) -> None:
+        delays, key = req.delays_ms, str(next(self._keys))
+        req.delays_ms = {s: ms for s, ms in delays.items() if s in API_SIDE_DELAYS}
+        ib = _Inbound(req, key, self._kv.blocks_for(len(req.prompt_ids)))
+        with self._inbox_lock:
+            if self._failed is not None:
+                raise EngineStopped(str(self._failed))
+            self._inbound[key] = ib
+        try:
+            super()._enqueue(req, ready_ns)
+        except BaseException:
+            with self._inbox_lock:
+                self._inbound.pop(key, None)
+            raise
+        p = req.params
+        self.worker.put({
+            "op": "prefill", "key": key, "rid": req.rid, "ids": req.prompt_ids,
+            "sampling": {"temperature": p.temperature, "top_p": p.top_p, "seed": p.seed},
+            "delays": {s: ms for s, ms in delays.items() if s not in API_SIDE_DELAYS},
+            "trace": trace_fields(req.parent), "sent_ns": clock_ns(),
+        })
+
+    # -- the decode worker thread -------------------------------------------------------
+
+    def _iterate(self) -> bool:
+        self._reap()
+        moved = self._settle()
+        plan = self._plan()
+        self._admit(plan.admit)
+        for req in plan.admit:
+            req.scheduled_ns = 0  # its wait after admission is its transfer, not a batch
+            self._open(req)
+        if plan.decode:
+            self._step(StepPlan((), (), plan.decode))
+        return moved or bool(plan.admit) or bool(plan.decode)
+
+    def _open(self, req: RequestState) -> None:
+        """An admitted request's prompt blocks, allocated here: from now on the receiver
+        installs its blocks as they arrive (the ones that came first, at once)."""
+        seq = req.seq
+        assert seq is not None
+        self.cache.append(seq, len(req.prompt_ids) - seq.length)
+        with self._inbox_lock:
+            ib = next((ib for ib in self._inbound.values() if ib.req is req), None)
+            if ib is not None:
+                ib.blocks, ib.skip = seq.blocks[: ib.total], seq.length // self.cache.block_size
+                self._install(ib)
+
+    def _settle(self) -> bool:
+        """Finish complete transfers, give up failed or cancelled ones; whether any
+        request changed."""
+        with self._inbox_lock:
+            pending = list(self._inbound.values())
+        moved = False
+        for ib in pending:
+            if ib.req.cancelled or ib.error is not None:
+                self._give_up(ib)
+            elif ib.installed_ns and ib.token is not None:
+                self._finish(ib)
+                moved = True
+        return moved
+
+    def _give_up(self, ib: _Inbound) -> None:
+        with self._inbox_lock:
+            self._inbound.pop(ib.key, None)
+            failed = self._failed
+        if failed is None:
+            self.worker.put({"op": "cancel", "key": ib.key})
+        req = ib.req
+        if ib.error is None or req.cancelled:
+            return  # cancelled: _reap frees it
+        if req in self._running:
+            self._drop(req, ib.error)
+            return
+        with self._lock:
+            waiting = req in self._waiting
+            if waiting:
+                self._waiting.remove(req)
+        if waiting:
+            self._deliver(req, ib.error)
+
+    def _install(self, ib: _Inbound) -> None:
+        """Write the blocks that arrived into the request's blocks, once it has them
+        (called with ``_inbox_lock`` held, by the receiver or the decode worker: a request
+        is dropped, and its blocks freed, only after it left ``_inbound`` under that lock,
+        so no block is written after another request got it)."""
+        if ib.blocks is None:
+            return
+        for first, count, payload in ib.parts:
+            if payload.nbytes:  # kept until now (else received in place by _on_blocks)
+                install_blocks(self.cache, ib.blocks[first : first + count], payload,
+                               keep_from=max(0, ib.skip - first))
+            ib.installed += count
+            ib.nbytes += count * block_bytes(self.cache)
+        if ib.parts and ib.installed >= ib.total:
+            ib.installed_ns = clock_ns()
+        ib.parts = []
+
+    def _finish(self, ib: _Inbound) -> None:
+        """The transfer is complete: record it, then the request decodes."""
+        with self._inbox_lock:
+            self._inbound.pop(ib.key, None)
+        req, n_prompt = ib.req, len(ib.req.prompt_ids)
+        assert req.seq is not None and ib.token is not None
+        record("kv_transfer", ib.begin_ns, ib.installed_ns, request_id=req.rid,
+               parent=req.parent, **{ATTR_KV_BLOCKS: ib.total, ATTR_KV_BYTES: ib.nbytes})
+        token, sampled_ns, cached, state = ib.token
+        req.seq.length = req.computed = n_prompt
+        req.cached_tokens, req.sampled_ns = cached, sampled_ns
+        if state and req.generator is not None:
+            req.generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+        if self.first_token == "decode":
+            self._emit(req, token)
+            return
+        req.out_ids.append(token)
+        if _reason(token, 1, req.max_tokens, self.tokenizer.eos_id) is not None:
+            self.prefix_cache.insert(req.prompt_ids + req.out_ids, req.seq)
+            self._drop(req, None)
+
+    def _drop(self, req: RequestState, error: BaseException | None) -> None:
+        with self._inbox_lock:
+            gone = [k for k, ib in self._inbound.items() if ib.req is req]
+            for key in gone:
+                del self._inbound[key]
+            failed = self._failed
+        for key in gone if failed is None else ():
+            self.worker.put({"op": "cancel", "key": key})
+        super()._drop(req, error)
+
