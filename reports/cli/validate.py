@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from ttft.reports._text import plain
-from ttft.reports.cli._app import app, err, fail, progress, stdout_console
+from ttft.reports.cli._app import app, err, fail, progress, require_engine, stdout_console
 
 
 def _parse_delays(values: list[str]) -> dict[str, float]:
@@ -52,6 +52,7 @@ def validate(
     chosen stages; check at the server boundary that each stage's median attributed time
     rose by the injected delay within max(1 ms, 5 %). Exit 0 when every delay is
     recovered, 1 on a miss, 2 on bad input."""
+    require_engine("validate")
     from ttft.engine.model import ModelConfig
     from ttft.reports.runs.validate import (
         DEFAULT_DELAYS_MS,

@@ -1,7 +1,7 @@
 """Tracing and analysing need no PyTorch (it is the ``engine`` extra): ``ttft synth``,
 ``analyze``, ``report``, ``trace`` and ``collect`` run in a process where ``import torch``
-fails, and ``ttft serve``, ``demo`` and ``profile-prefill`` there say in one line what to
-install."""
+fails, and ``ttft serve``, ``demo``, ``profile-prefill`` and ``validate`` there say in one
+line what to install."""
 
 from __future__ import annotations
 
@@ -81,7 +81,8 @@ def test_trace_and_collect_need_no_torch(no_torch_env, tmp_path):
 
 
 @pytest.mark.parametrize("command", [["serve", "--port", "0"], ["demo", "--requests", "2"],
-                                     ["profile-prefill", "-o", "profile.parquet"]])
+                                     ["profile-prefill", "-o", "profile.parquet"],
+                                     ["validate", "--requests", "2"]])
 def test_engine_commands_without_torch_say_what_to_install(no_torch_env, tmp_path, command):
     result = subprocess.run([*_command(), *command], env=no_torch_env, capture_output=True,
                             text=True, timeout=120, cwd=tmp_path)
