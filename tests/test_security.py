@@ -217,14 +217,14 @@ def constant(node: ast.expr | None) -> object:
 
 def test_cli_listener_options_default_to_loopback():
     commands = typer.main.get_command(app).commands
-    for command, option in (("serve", "host"), ("collect", "host"), ("trace", "receiver_host")):
+    listeners = {("serve", "host"), ("collect", "host"), ("trace", "receiver_host"),
+                 ("sweep", "receiver_host")}
+    for command, option in listeners:
         params = {p.name: p for p in commands[command].params}
         assert params[option].default == LOOPBACK, (command, option)
     hosts = [(c, p.name, p.default) for c, cmd in commands.items() for p in cmd.params
              if "host" in p.name]
-    assert {(c, n) for c, n, _ in hosts} == {
-        ("serve", "host"), ("collect", "host"), ("trace", "receiver_host")
-    }
+    assert {(c, n) for c, n, _ in hosts} == listeners
     assert all(default == LOOPBACK for _, _, default in hosts), hosts
 
 
