@@ -29,6 +29,7 @@ from ttft.engine.kv_cache import PagedKVCache
 __all__ = [
     "ChannelClosed",
     "Outbox",
+    "SocketBlocks",
     "block_bytes",
     "install_blocks",
     "pack_blocks",
@@ -150,22 +151,32 @@ def block_bytes(cache: PagedKVCache) -> int:
     return 2 * len(cache.k) * k[0].numel() * k.element_size()
 
 
-def pack_blocks(cache: PagedKVCache, blocks: list[int]) -> torch.Tensor:
+def pack_blocks(
+    cache: PagedKVCache, blocks: list[int], out: torch.Tensor | None = None
+) -> torch.Tensor:
     """A copy of ``blocks`` (all layers, K and V) as one contiguous CPU tensor, shaped
     ``(2, n_layer, len(blocks), block_size, n_kv_head, head_dim)``: the payload of a blocks
-    message, safe to send after the blocks are freed or rewritten."""
+    message, safe to send after the blocks are freed or rewritten. With ``out`` (a CPU
+    tensor of that shape and the cache's dtype, e.g. a shared-memory slot) the copy is
+    written there, straight from a CPU cache, and ``out`` is returned."""
     k0 = cache.k[0]
-    out = torch.empty((2, len(cache.k), len(blocks), *k0.shape[1:]), dtype=k0.dtype,
-                      device=cache.device)  # one copy of each block, straight into place
+    shape = (2, len(cache.k), len(blocks), *k0.shape[1:])
+    direct = out is not None and out.device == cache.device
+    dest = out if direct else torch.empty(shape, dtype=k0.dtype, device=cache.device)
+    assert dest is not None and tuple(dest.shape) == shape and dest.dtype == k0.dtype
     run = blocks == list(range(blocks[0], blocks[0] + len(blocks))) if blocks else False
     idx = None if run else torch.tensor(blocks, dtype=torch.long, device=cache.device)
     for side, layers in enumerate((cache.k, cache.v)):
         for i, layer in enumerate(layers):
             if idx is None:  # consecutive ids: a slice
-                out[side, i].copy_(layer[blocks[0] : blocks[0] + len(blocks)])
+                dest[side, i].copy_(layer[blocks[0] : blocks[0] + len(blocks)])
             else:
-                torch.index_select(layer, 0, idx, out=out[side, i])
-    return out.cpu()
+                torch.index_select(layer, 0, idx, out=dest[side, i])
+    if out is None:
+        return dest.cpu()
+    if not direct:
+        out.copy_(dest)
+    return out
 
 
 def install_blocks(
@@ -185,10 +196,35 @@ def install_blocks(
     data = data.to(cache.device, non_blocking=False)
     if keep_from >= len(blocks):
         return
-    idx = torch.tensor(blocks[keep_from:], dtype=torch.long, device=cache.device)
+    ids = blocks[keep_from:]
+    if ids == list(range(ids[0], ids[0] + len(ids))):  # consecutive ids: a slice
+        for side, layers in enumerate((cache.k, cache.v)):
+            for layer, dest in enumerate(layers):
+                dest[ids[0] : ids[0] + len(ids)].copy_(data[side, layer, keep_from:])
+        return
+    idx = torch.tensor(ids, dtype=torch.long, device=cache.device)
     for layer in range(len(cache.k)):
         cache.k[layer].index_copy_(0, idx, data[0, layer, keep_from:])
         cache.v[layer].index_copy_(0, idx, data[1, layer, keep_from:])
+
+
+class SocketBlocks:
+    """One ``blocks`` message's payload still on the socket, read by the decode side's
+    receiver: ``install`` (``recv_blocks``) or ``payload`` (``recv_payload``), exactly
+    one of them; ``release`` has nothing to free (``ttft.engine.disagg.shm.ShmBlocks`` has
+    the same interface for a shared-memory slot)."""
+
+    def __init__(self, sock: socket.socket, nbytes: int) -> None:
+        self.sock, self.nbytes = sock, nbytes
+
+    def install(self, cache: PagedKVCache, blocks: list[int], keep_from: int = 0) -> None:
+        recv_blocks(self.sock, self.nbytes, cache, blocks, keep_from)
+
+    def payload(self) -> memoryview:
+        return recv_payload(self.sock, self.nbytes)
+
+    def release(self) -> None:
+        """Nothing to free: the bytes were read off the socket."""
 
 
 def recv_blocks(

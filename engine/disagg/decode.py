@@ -4,8 +4,9 @@ the decode worker; a ``PrefillEngine`` in a child process (``WorkerProcess``) pr
 A request is tokenized here, then sent to the prefill worker and queued here at once, as
 SGLang's router sends it to both sides: the decode worker admits it (its ``queue`` span,
 its K/V reserved) while the prefill worker queues and prefills it. The prefill worker
-sends each chunk's finished K/V blocks as the chunk ends; a receiver thread here installs
-them in the request's blocks of the paged cache as they arrive (blocks that came before
+sends each chunk's finished K/V blocks as the chunk ends (in the socket's payload, or
+through a shared-memory ring: ``kv_channel``); a receiver thread here installs them in the
+request's blocks of the paged cache as they arrive (blocks that came before
 the request was admitted, at its admission; blocks its own prefix cache holds already are
 skipped). The decode worker thread, which owns the cache otherwise, never reads those
 blocks before the transfer is complete: once every prompt block is installed and the
@@ -35,22 +36,16 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ttft.engine.config import EngineConfig
-from ttft.engine.disagg.channel import (
-    ChannelClosed,
-    block_bytes,
-    install_blocks,
-    recv_blocks,
-    recv_header,
-    recv_payload,
-)
+from ttft.engine.disagg.channel import ChannelClosed, block_bytes, install_blocks, recv_header
+from ttft.engine.disagg.inbound import Inbound, finish_reason
 from ttft.engine.disagg.prefill import trace_fields
 from ttft.engine.disagg.process import WorkerProcess
+from ttft.engine.disagg.shm import DEFAULT_RING_BYTES, ShmRing, blocks_source, check_channel
 from ttft.engine.disagg.span_wire import rebuild
 from ttft.engine.engine import Engine, EngineStopped
 from ttft.engine.model import Transformer
@@ -70,31 +65,6 @@ API_SIDE_DELAYS = frozenset({"tokenize", "detokenize"})
 """Injected delays applied here; the others go to the prefill worker."""
 
 
-@dataclass(eq=False)
-class _Inbound:
-    """One request's transfer as the decode side sees it (shared with the receiver)."""
-
-    req: RequestState
-    key: str
-    total: int  # prompt blocks to receive
-    parts: list[tuple[int, int, memoryview]] = field(default_factory=list)  # first, count, data
-    blocks: list[int] | None = None  # the request's prompt blocks here, once admitted
-    skip: int = 0  # of them, those its prefix-cache hit here holds already
-    begin_ns: int = 0
-    installed: int = 0
-    installed_ns: int = 0
-    nbytes: int = 0
-    token: tuple[int, int, int, bytes] | None = None  # token, sampled_ns, cached, generator
-    error: BaseException | None = None
-
-
-def _reason(token: int, n_out: int, max_tokens: int, eos_id: int) -> str | None:
-    """Why a request ends after its ``n_out``-th token ``token`` (None: it goes on)."""
-    if token == eos_id:
-        return "stop"
-    return "length" if n_out >= max_tokens else None
-
-
 class DisaggEngine(Engine):
     """``Engine``'s interface (``submit``, ``start``, ``stop``) over a decode worker here
     and a prefill worker process.
@@ -107,9 +77,12 @@ class DisaggEngine(Engine):
         host: the channel's address (loopback by default).
         tokenizer_dir: the worker's tokenizer cache (None: the default).
         traced: whether the worker records spans (sent to ``span_sink``).
+        kv_channel: ``socket`` (blocks in the socket's payload) or ``shm`` (a shared-memory
+            ring of ``shm_bytes``, made at ``start``, unlinked at ``stop`` or once the worker
+            is gone: ``ttft.engine.disagg.shm``).
 
     Raises:
-        ValueError: an unknown ``first_token``.
+        ValueError: an unknown ``first_token`` or ``kv_channel``; a ring under one block.
     """
 
     def __init__(
@@ -124,11 +97,15 @@ class DisaggEngine(Engine):
         tokenizer_dir: str | None = None,
         traced: bool = True,
         measure_peaks: bool | None = None,
+        kv_channel: str = "socket",
+        shm_bytes: int = DEFAULT_RING_BYTES,
     ) -> None:
         if first_token not in FIRST_TOKEN_MODES:
             raise ValueError(f"first_token must be one of {FIRST_TOKEN_MODES}, got {first_token!r}")
         super().__init__(model, tokenizer, config, measure_peaks=measure_peaks)
-        self.first_token = first_token
+        check_channel(kv_channel, shm_bytes, self.cache)
+        self.first_token, self.kv_channel, self.shm_bytes = first_token, kv_channel, shm_bytes
+        self._ring: ShmRing | None = None
         self.span_sink: Callable[[Any], None] | None = None
         worker_config = dataclasses.replace(
             self.config, max_queue=self.config.max_queue + self.config.max_running,
@@ -141,7 +118,7 @@ class DisaggEngine(Engine):
             "first_token": first_token,
             "measure_peaks": measure_peaks,
         }, host)
-        self._inbound: dict[str, _Inbound] = {}
+        self._inbound: dict[str, Inbound] = {}
         self._inbox_lock = threading.Lock()
         self._keys = iter(range(1 << 62))
         self._failed: BaseException | None = None
@@ -153,7 +130,7 @@ class DisaggEngine(Engine):
         meta = super().run_metadata()
         meta["engine"]["disaggregated"] = {
             "first_token": self.first_token,
-            "channel": f"tcp {self.worker.host}",
+            "channel": "shm" if self.kv_channel == "shm" else f"tcp {self.worker.host}",
             "prefill": self.worker.metadata,
         }
         return meta
@@ -170,7 +147,14 @@ class DisaggEngine(Engine):
         """
         if self._receiver is not None:
             raise RuntimeError("engine already started")
-        self.worker.start(timeout_s)
+        if self.kv_channel == "shm":
+            self._ring = ShmRing(self.shm_bytes)
+            self.worker.spec["shm"] = self._ring.spec()
+        try:
+            self.worker.start(timeout_s)
+        except BaseException:
+            self._close_ring()
+            raise
         self._receiver = threading.Thread(target=self._receive, name="ttft-kv-receiver",
                                           daemon=True)
         self._receiver.start()
@@ -184,6 +168,12 @@ class DisaggEngine(Engine):
         if self._receiver is not None:
             self._receiver.join(timeout_s)
         self.worker.kill()
+        self._close_ring()
+
+    def _close_ring(self) -> None:
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.close()
 
     # -- the receiver thread ------------------------------------------------------------
 
@@ -193,35 +183,39 @@ class DisaggEngine(Engine):
         try:
             while True:
                 header, n = recv_header(sock)
+                source = blocks_source(self._ring, sock, header, n, self.worker.put)
                 if header.get("op") == "blocks":
-                    self._on_blocks(sock, header, n)
+                    self._on_blocks(source, header)
                 else:
-                    self._on_message(header, recv_payload(sock, n))
+                    self._on_message(header, source.payload())
+                source.release()
         except (ChannelClosed, OSError):
             pass
         except Exception:  # a malformed message: the channel cannot be trusted any more
             log.exception("ttft disagg: bad message from the prefill worker")
         if not self._stopping:
             log.error("ttft disagg: the prefill worker is gone (%s)", self.worker.describe_exit())
+        self._close_ring()  # no one writes to it any more
         self._fail_all(EngineStopped(f"the prefill worker is gone ({self.worker.describe_exit()})"))
 
-    def _on_blocks(self, sock: socket.socket, header: dict[str, Any], n: int) -> None:
+    def _on_blocks(self, source: Any, header: dict[str, Any]) -> None:
         """A ``blocks`` message: straight into the request's blocks once it has them here
-        (``recv_blocks``; under ``_inbox_lock``, see ``_install``), else kept for later."""
+        (``source.install``; under ``_inbox_lock``, see ``_install``), else kept for later
+        (``source.payload``: a copy)."""
         first, count = header["first"], header["count"]
         with self._inbox_lock:
             ib = self._inbound.get(header["key"])
             direct = ib is not None and ib.blocks is not None and not ib.parts
             if direct:
                 ib.begin_ns = ib.begin_ns or header["begin_ns"]
-                recv_blocks(sock, n, self.cache, ib.blocks[first : first + count],
-                            keep_from=max(0, ib.skip - first))
+                source.install(self.cache, ib.blocks[first : first + count],
+                               keep_from=max(0, ib.skip - first))
                 ib.parts.append((first, count, memoryview(b"")))  # counted, not copied
                 self._install(ib)
         if direct:
             self._wake.set()
         else:
-            self._on_message(header, recv_payload(sock, n))
+            self._on_message(header, source.payload())
 
     def _on_message(self, header: dict[str, Any], payload: memoryview) -> None:
         op = header.get("op")
@@ -248,12 +242,12 @@ class DisaggEngine(Engine):
             self._deliver_first(ib)
         self._wake.set()
 
-    def _deliver_first(self, ib: _Inbound) -> None:
+    def _deliver_first(self, ib: Inbound) -> None:
         """The first token to the stream now (``first_token="prefill"``)."""
         token, sampled_ns, cached, _ = ib.token  # type: ignore[misc]
         req = ib.req
         req.sampled_ns = sampled_ns
-        reason = _reason(token, 1, req.max_tokens, self.tokenizer.eos_id)
+        reason = finish_reason(token, 1, req.max_tokens, self.tokenizer.eos_id)
         self._deliver(req, (token, reason is not None, reason, cached))
 
     def _fail_all(self, error: BaseException) -> None:
@@ -268,7 +262,7 @@ class DisaggEngine(Engine):
     def _enqueue(self, req: RequestState, ready_ns: int) -> None:
         delays, key = req.delays_ms, str(next(self._keys))
         req.delays_ms = {s: ms for s, ms in delays.items() if s in API_SIDE_DELAYS}
-        ib = _Inbound(req, key, self._kv.blocks_for(len(req.prompt_ids)))
+        ib = Inbound(req, key, self._kv.blocks_for(len(req.prompt_ids)))
         with self._inbox_lock:
             if self._failed is not None:
                 raise EngineStopped(str(self._failed))
@@ -327,7 +321,7 @@ class DisaggEngine(Engine):
                 moved = True
         return moved
 
-    def _give_up(self, ib: _Inbound) -> None:
+    def _give_up(self, ib: Inbound) -> None:
         with self._inbox_lock:
             self._inbound.pop(ib.key, None)
             failed = self._failed
@@ -346,7 +340,7 @@ class DisaggEngine(Engine):
         if waiting:
             self._deliver(req, ib.error)
 
-    def _install(self, ib: _Inbound) -> None:
+    def _install(self, ib: Inbound) -> None:
         """Write the blocks that arrived into the request's blocks, once it has them
         (called with ``_inbox_lock`` held, by the receiver or the decode worker: a request
         is dropped, and its blocks freed, only after it left ``_inbound`` under that lock,
@@ -363,7 +357,7 @@ class DisaggEngine(Engine):
             ib.installed_ns = clock_ns()
         ib.parts = []
 
-    def _finish(self, ib: _Inbound) -> None:
+    def _finish(self, ib: Inbound) -> None:
         """The transfer is complete: record it, then the request decodes."""
         with self._inbox_lock:
             self._inbound.pop(ib.key, None)
@@ -380,7 +374,7 @@ class DisaggEngine(Engine):
             self._emit(req, token)
             return
         req.out_ids.append(token)
-        if _reason(token, 1, req.max_tokens, self.tokenizer.eos_id) is not None:
+        if finish_reason(token, 1, req.max_tokens, self.tokenizer.eos_id) is not None:
             self.prefix_cache.insert(req.prompt_ids + req.out_ids, req.seq)
             self._drop(req, None)
 

@@ -9,7 +9,9 @@ request's first block was handed to the channel, on this process's clock), and `
 (the first token, ``sampled_ns``, ``cached_tokens``; payload: the request's generator state,
 so seeded sampling continues where it left off), or ``error``. The token follows every
 block when the decode side delivers it, and precedes the last chunk's blocks when the
-prefill side does (``PrefillEngine.first_token``).
+prefill side does (``PrefillEngine.first_token``). With a shared-memory ring
+(``PrefillEngine.ring``) a ``blocks`` message carries no payload but names the ring's
+slot its blocks were packed into (``RingWriter.send_blocks``).
 
 An injected ``kv_transfer`` delay sleeps after the request's first blocks went out and
 before its last block goes: inside the transfer, and before ``sample`` when the first
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from ttft.engine.disagg.channel import Outbox, pack_blocks
+from ttft.engine.disagg.shm import RingWriter
 from ttft.engine.engine import Engine, QueueFull
 from ttft.engine.faults import sleep_for
 from ttft.engine.sampler import SamplingParams, make_generator
@@ -72,13 +75,17 @@ class PrefillEngine(Engine):
 
     ``first_token``: ``decode`` sends every block before sampling (the decode side
     delivers the token after the transfer); ``prefill`` sends the token right after
-    sampling and the blocks of the last chunk after it (the token goes out first)."""
+    sampling and the blocks of the last chunk after it (the token goes out first).
+    ``ring_spec``: the decode side's shared-memory ring (``ShmRing.spec``) to send the
+    blocks through (``ring``; waits there while the ring is full), or None: the socket."""
 
     def __init__(
-        self, *args: Any, outbox: Outbox, first_token: str = "decode", **kwargs: Any
+        self, *args: Any, outbox: Outbox, first_token: str = "decode",
+        ring_spec: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self.outbox = outbox
+        self.ring = RingWriter.from_spec(ring_spec, self.cache)
         self.first_token = first_token
         self._sent: dict[RequestState, _Sent] = {}
         self._by_key: dict[str, RequestState] = {}
@@ -141,10 +148,13 @@ class PrefillEngine(Engine):
         if upto <= sent.blocks or req.seq is None:
             return
         sent.begin_ns = sent.begin_ns or clock_ns()
-        payload = pack_blocks(self.cache, req.seq.blocks[sent.blocks : upto])
+        blocks = req.seq.blocks[sent.blocks : upto]
         header = {"op": "blocks", "key": self._key(req), "first": sent.blocks,
                   "count": upto - sent.blocks, "begin_ns": sent.begin_ns}
-        self.outbox.put(header, payload)
+        if self.ring is not None:
+            self.ring.send_blocks(self.outbox, blocks, header)
+        else:
+            self.outbox.put(header, pack_blocks(self.cache, blocks))
         sent.blocks = upto
 
     def _deliver(self, req: RequestState, item: Any) -> None:

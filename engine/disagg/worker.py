@@ -3,9 +3,10 @@ object, written by ``ttft.engine.disagg.process``).
 
 It connects to the decode side at ``SPEC["port"]`` on ``SPEC["host"]``, builds the same
 model (same config, seed and device, so the same weights) under a ``PrefillEngine``,
-answers ``ready`` with its run metadata, then serves ``prefill`` and ``cancel`` messages
-until ``stop`` or until the connection ends (the decode side went away: it exits then
-too, so it never outlives its server). With ``SPEC["traced"]`` its spans are recorded in
+answers ``ready`` with its run metadata, then serves ``prefill``, ``cancel`` and (with a
+shared-memory ring, ``SPEC["shm"]``) ``free`` messages until ``stop`` or until the
+connection ends (the decode side went away: it exits then too, so it never outlives its
+server). With ``SPEC["traced"]`` its spans are recorded in
 its own clock domain (``SPEC["clock"]``) as service ``ttft-prefill`` and go back over the
 channel; on ``stop`` they are flushed before the final ``bye``.
 """
@@ -40,6 +41,7 @@ def build(spec: dict[str, Any], outbox: Outbox) -> PrefillEngine:
     engine_config = EngineConfig(**spec["config"])
     return PrefillEngine(model, tokenizer, engine_config, outbox=outbox,
                          first_token=spec.get("first_token", "decode"),
+                         ring_spec=spec.get("shm"),
                          measure_peaks=spec.get("measure_peaks"))
 
 
@@ -55,6 +57,8 @@ def serve_control(sock: socket.socket, engine: PrefillEngine) -> None:
             engine.enqueue(header)
         elif op == "cancel":
             engine.cancel(header["key"])
+        elif op == "free" and engine.ring is not None:
+            engine.ring.release(*header["shm"])
         elif op == "stop":
             return
 
@@ -78,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         outbox.put({"op": "ready", "metadata": engine.run_metadata()["engine"]})
         serve_control(sock, engine)
     finally:
+        if engine.ring is not None:
+            engine.ring.close()  # a send waiting for space gives up
         engine.stop()
         if tracing is not None:
             tracing.shutdown()

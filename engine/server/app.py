@@ -40,6 +40,7 @@ def build_engine(
     measure_peaks: bool | None = None,
     disaggregate: bool = False,
     first_token: str = "decode",
+    kv_channel: str = "socket",
 ) -> Engine:
     """A (not yet started) engine over a random-weight model of preset ``model``.
 
@@ -47,10 +48,11 @@ def build_engine(
     event (``Engine.start``); None measures only when tracing is configured.
     ``disaggregate``: a ``ttft.engine.disagg.DisaggEngine`` (a prefill worker process and
     the decode worker here; ``first_token``: ``decode`` or ``prefill``, where the first
-    token is delivered from).
+    token is delivered from; ``kv_channel``: ``socket`` or ``shm``, how K/V blocks travel).
 
     Raises:
-        ValueError: unknown preset, an invalid engine configuration, a bad ``first_token``.
+        ValueError: unknown preset, an invalid engine configuration, a bad ``first_token``
+            or ``kv_channel``.
     """
     config = ModelConfig.preset(model)
     net = Transformer.from_config(config, seed=seed, device=device)
@@ -66,7 +68,8 @@ def build_engine(
         from ttft.engine.disagg import DisaggEngine
 
         return DisaggEngine(net, tokenizer, engine_config, seed=seed, first_token=first_token,
-                            tokenizer_dir=tokenizer_cache_dir, measure_peaks=measure_peaks)
+                            tokenizer_dir=tokenizer_cache_dir, measure_peaks=measure_peaks,
+                            kv_channel=kv_channel)
     return Engine(net, tokenizer, engine_config, measure_peaks=measure_peaks)
 
 

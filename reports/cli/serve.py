@@ -114,7 +114,8 @@ def serve(
     disaggregate: Annotated[
         bool,
         typer.Option(help="prefill in a worker process of its own; its K/V blocks go to the "
-                     "decode worker (this process) over a socket on 127.0.0.1"),
+                     "decode worker (this process) over a socket on 127.0.0.1, or through "
+                     "shared memory (--kv-channel shm)"),
     ] = False,
     first_token: Annotated[
         str,
@@ -122,6 +123,12 @@ def serve(
                      "side after the K/V transfer (TTFT includes it) or from the 'prefill' "
                      "side at once (the transfer shows in the second token)"),
     ] = "decode",
+    kv_channel: Annotated[
+        str | None,
+        typer.Option(help="with --disaggregate: how the K/V blocks travel, 'socket' (the "
+                     "default: in the channel's messages) or 'shm' (a shared-memory ring on "
+                     "this host; only small control messages use the socket)"),
+    ] = None,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible HTTP API, traced: every
     request's server, engine and forward spans go to --trace-out and/or --otlp-endpoint
@@ -132,6 +139,10 @@ def serve(
         raise fail(f"--first-token {first_token!r}: expected decode or prefill")
     if first_token != "decode" and not disaggregate:
         raise fail("--first-token needs --disaggregate")
+    if kv_channel is not None and not disaggregate:
+        raise fail("--kv-channel needs --disaggregate (no K/V transfer otherwise)")
+    if kv_channel not in (None, "socket", "shm"):
+        raise fail(f"--kv-channel {kv_channel!r}: expected socket or shm")
     delays = _delays(inject_delay or [])
     if "kv_transfer" in delays and not disaggregate:
         raise fail("--inject-delay kv_transfer=MS needs --disaggregate (no transfer otherwise)")
@@ -149,6 +160,7 @@ def serve(
             inject_delay_ms=delays,
             disaggregate=disaggregate,
             first_token=first_token,
+            kv_channel=kv_channel or "socket",
         )
     except ValueError as exc:
         sock.close()
@@ -157,7 +169,8 @@ def serve(
         sock.close()
         raise
     port = sock.getsockname()[1]  # the OS's pick for --port 0
-    mode = f", disaggregated (first token from {first_token})" if disaggregate else ""
+    mode = (f", disaggregated (first token from {first_token}, K/V over "
+            f"{kv_channel or 'socket'})" if disaggregate else "")
     err.print(f"serving model {model!r}{mode} on http://{host}:{port}/v1 (Ctrl-C to stop)")
     run_server(engine, host=host, port=port, api_key=api_key, exporters=exporters,
                model_name=model, sock=sock)
