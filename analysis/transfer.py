@@ -13,6 +13,7 @@ upper bound) is kept and marked, and left out of the bandwidth summary.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,8 +48,9 @@ def transfers(asm: Assembly, requests: np.ndarray) -> pd.DataFrame:
     if len(found) == 0:
         return pd.DataFrame({name: pd.Series(dtype=kind) for name, kind in zip(
             COLUMNS, (object, np.int64, np.int64, np.int64, np.float64, bool), strict=True)})
-    marked = pc.match_substring(col.take(rows.table.column("attributes"), found),
-                                json.dumps(ATTR_ESTIMATED))
+    marked = pc.match_substring_regex(  # the key with a non-empty string or true as value
+        col.take(rows.table.column("attributes"), found),
+        re.escape(json.dumps(ATTR_ESTIMATED)) + r'[ \t\n\r]*:[ \t\n\r]*("[^"]|true)')
     per_span = pd.DataFrame({
         "req": rows.req[found],
         "start": rows.start_ns[found],

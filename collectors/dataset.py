@@ -18,15 +18,14 @@ The layout, hive-style::
 Every ``part=K/`` directory exists, with a ``spans.parquet`` (empty when the partition owns
 no row). The Parquet files are ttft traces (``collectors/_files.py``: run metadata under
 ``METADATA_KEY``, ``WRITE_OPTIONS``), each written under a temporary name and renamed.
-Partition 0's files carry the input's ``rejected`` key (the importer's rejections,
-``ttft.analysis.quality.rejected_spans``); the other partitions' drop it, so summing over
-partitions equals the whole. ``_ttft_dataset.json`` is written last, the same way, so a
-dataset whose writing stopped half way is never read as one: a directory holding
-``part=K/`` directories and no ``_ttft_dataset.json`` is refused. ``DATASET/_incoming/``
-(`STAGING_DIR`), when present, is the staging of ``ttft collect --partitions`` (a ``ttft
-collect`` directory of runs, ``collectors/staging.py``) that readers never read: beside a
-dataset file it is spans not yet partitioned in; without one, reading names the command
-that finishes it.
+Partition 0's files alone carry the input's counts (`COUNTED_ONCE`: the importer's
+``rejected`` and ``estimated`` spans), so sums over partitions equal the whole. The
+``_ttft_dataset.json`` is written last, the same way, so a dataset whose writing stopped
+half way is never read as one: ``part=K/`` directories without it are refused.
+``DATASET/_incoming/`` (`STAGING_DIR`), when present, is the staging of ``ttft collect
+--partitions`` (a collect directory of runs, ``collectors/staging.py``) that readers never
+read: beside a dataset file it is spans not yet partitioned in; without one, reading names
+the command that finishes it.
 
 ``DATASET`` may be a local path or a URL with a protocol (``s3://``, ``memory://``,
 ``file://``), read and written through `fsspec` and the filesystem package for the protocol
@@ -68,10 +67,9 @@ DATASET_FILE = "_ttft_dataset.json"
 """The dataset metadata file, written last: a directory without it is no dataset."""
 STAGING_DIR = "_incoming"
 
-FORMAT = "ttft-dataset"
-VERSION = 1
-SPANS_FILE = "spans.parquet"
-BORROWED_FILE = "borrowed.parquet"
+FORMAT, VERSION = "ttft-dataset", 1
+SPANS_FILE, BORROWED_FILE = "spans.parquet", "borrowed.parquet"
+COUNTED_ONCE = ("rejected", "estimated")  # run metadata counts of the input, in partition 0
 _PART_PREFIX = "part="
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -149,6 +147,7 @@ def _write_partition(folder: Path, table: pa.Table, own: np.ndarray, borrowed: n
     if borrowed.size:
         write_atomic(folder / BORROWED_FILE, table.take(pa.array(borrowed, pa.int64())),
                      metadata_json)
+    fsync(folder)  # the renames into it are durable before the dataset file names it
 
 
 def _write_json_local(dest: Path, data: bytes) -> None:
@@ -158,6 +157,7 @@ def _write_json_local(dest: Path, data: bytes) -> None:
             out.write(data)
         fsync(tmp)
         os.replace(tmp, dest)
+        fsync(dest.parent)
     except BaseException:
         discard(tmp)
         raise
@@ -209,7 +209,7 @@ def write_dataset(
         metadata = json.loads(raw) if raw else {}
     run = {**metadata, "schema_version": SCHEMA_VERSION}
     first = _json_bytes(run)
-    others = _json_bytes({k: v for k, v in run.items() if k != "rejected"})
+    others = _json_bytes({k: v for k, v in run.items() if k not in COUNTED_ONCE})
     owned = _groups(owner, np.arange(table.num_rows, dtype=np.int64), partitions)
     borrowed = _groups(copy_partitions, copy_rows, partitions)
     info = _json_bytes({"format": FORMAT, "version": VERSION, "partitions": partitions,

@@ -142,7 +142,8 @@ runs from the first block sent to the last block installed, so the achieved band
 ``bytes * 1e9 / (end_ns - start_ns)`` bytes/s (undefined for a span of no length)."""
 ATTR_ESTIMATED: Final = "ttft.estimated"
 """A span whose interval the source estimated rather than measured: the attribute's text
-says how (Dynamo's ``kv_transfer_estimated_latency_ms``, an upper bound)."""
+says how (Dynamo's ``kv_transfer_estimated_latency_ms``, an upper bound); ``true`` also
+marks one, ``false`` or an empty text does not."""
 ATTR_STAGE: Final = "ttft.stage"
 """OpenTelemetry span attribute naming the stage explicitly."""
 ATTR_REQUEST_ID: Final = "ttft.request_id"

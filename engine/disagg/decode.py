@@ -180,6 +180,9 @@ class DisaggEngine(Engine):
     def _receive(self) -> None:
         sock = self.worker.sock
         assert sock is not None
+        for header, payload in self.worker.early:  # spans exported before the worker's ready
+            self._on_message(header, payload)
+        self.worker.early.clear()
         try:
             while True:
                 header, n = recv_header(sock)

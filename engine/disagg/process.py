@@ -29,7 +29,7 @@ __all__ = ["TOKEN_ENV", "WorkerFailed", "WorkerProcess"]
 
 TOKEN_ENV = "TTFT_PREFILL_WORKER_TOKEN"
 """The environment variable that hands the worker the secret of its ``hello``."""
-_HELLO_S = 5.0  # how long a connection may take to say hello
+_HELLO_S = 1.0  # how long a connection may take to say hello (it holds up the accept loop)
 
 
 class WorkerFailed(Exception):
@@ -52,6 +52,7 @@ class WorkerProcess:
         self.sock: socket.socket | None = None
         self.outbox: Outbox | None = None
         self.metadata: dict[str, Any] = {}
+        self.early: list[tuple[dict[str, Any], memoryview]] = []  # spans sent before ready
 
     def start(self, timeout_s: float = 120.0) -> None:
         """Start the worker and wait for its ``ready``.
@@ -75,7 +76,7 @@ class WorkerProcess:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             self.sock.settimeout(max(1.0, timeout_s))
-            header, _ = recv(self.sock)
+            header = self._ready()
             self.sock.settimeout(None)
         except (ChannelClosed, OSError) as exc:
             self.kill()
@@ -83,6 +84,17 @@ class WorkerProcess:
                 f"the prefill worker failed to start ({self._exit()}): {exc}") from None
         self.metadata = header.get("metadata", {})
         self.outbox = Outbox(self.sock, "ttft-decode-outbox")
+
+    def _ready(self) -> dict[str, Any]:
+        """The worker's ``ready`` header; span batches its exporter sent before it are kept
+        in ``early`` for the receiver, and any other message fails the start."""
+        while True:
+            header, payload = recv(self.sock)
+            if header.get("op") == "ready":
+                return header
+            if header.get("op") != "spans":
+                raise ChannelClosed(f"a {header.get('op')!r} message before ready")
+            self.early.append((header, payload))
 
     def _accept(self, listener: socket.socket, deadline_s: float, token: str
                 ) -> socket.socket:

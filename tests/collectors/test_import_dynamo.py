@@ -158,3 +158,30 @@ def test_analyze_format_dynamo_shows_the_estimate_in_data_quality(trace):
     out = subprocess.run(["ttft", "analyze", "--format", "dynamo", str(trace)],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert "1 estimated_span" in out and "kv_transfer" in out
+
+
+def test_a_partitioned_import_counts_its_estimates_once(tmp_path):
+    """The importer's counts live in the run metadata; a dataset keeps them in partition 0
+    only, so the merged data quality equals one process's (it once counted them in every
+    partition)."""
+    from ttft.analysis.clocks import offsets_from_bounds
+    from ttft.analysis.partial import analyze_part, merge_parts, part_bounds
+    from ttft.analysis.partition import partition_rows
+    from ttft.collectors import read_partition, write_dataset
+    from ttft.collectors.importers.mapping import default_mapping
+
+    path = tmp_path / "many.jsonl"
+    write(path, [request_end(f"req-{i}") for i in range(20)])
+    table = read_spans(path)
+    single = analyze(table).summary
+    assert single.quality["estimated_span"] == 20
+    p = partition_rows(table, 4)
+    write_dataset(tmp_path / "ds", table, p.owner, p.copy_rows, p.copy_partitions, 4, p.key)
+    rules = default_mapping()
+    parts = [read_partition(tmp_path / "ds", k) for k in range(4)]
+    parts = [(rules.apply(t), own) for t, own in parts]
+    offsets = offsets_from_bounds([part_bounds(t) for t, _ in parts])
+    analysed = [analyze_part(t, own, offsets, single.boundary, "exclusive") for t, own in parts]
+    _, merged = merge_parts(analysed, offsets)
+    assert merged.quality["estimated_span"] == 20
+    assert merged.quality == single.quality

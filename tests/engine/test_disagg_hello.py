@@ -58,3 +58,23 @@ def test_a_silent_connection_is_given_up_on(monkeypatch):
     finally:
         client.close()
         server.close()
+
+
+def test_spans_sent_before_ready_are_kept_and_nothing_else_may_come_first():
+    import pytest
+
+    from ttft.engine.disagg.channel import ChannelClosed
+
+    worker = process.WorkerProcess({})
+    client, worker.sock = _pair()
+    try:
+        client.sendall(_frame({"op": "spans", "spans": [{"name": "early"}]})
+                       + _frame({"op": "ready", "metadata": {"device": "cpu"}}))
+        assert worker._ready() == {"op": "ready", "metadata": {"device": "cpu"}}
+        assert [h for h, _ in worker.early] == [{"op": "spans", "spans": [{"name": "early"}]}]
+        client.sendall(_frame({"op": "token", "key": "k"}))
+        with pytest.raises(ChannelClosed, match="'token' message before ready"):
+            worker._ready()
+    finally:
+        client.close()
+        worker.sock.close()
