@@ -4,7 +4,7 @@ delta with its bootstrap interval, marked worse or better when the interval excl
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -13,7 +13,6 @@ from rich.table import Table
 from rich.text import Text
 
 from ttft.analysis.transfer import deployment
-from ttft.collectors.parquet import read_parquet_metadata
 from ttft.reports._text import plain
 from ttft.reports.terminal import fit
 from ttft.tracer.schema import CONDITIONS
@@ -30,15 +29,13 @@ def render_compare(
     counts: list[pd.Series],
     console: Console,
     confidence: float,
-    deployments: Sequence[str | None] | None = None,
+    deployments: Sequence[str | None] = (None, None),
 ) -> None:
     """Print `ttft.analysis.compare.compare`'s table: a table per condition (TTFT first,
     then the stages either trace has at p99), the conditions only one trace has, and how
     the intervals were made. When either side is disaggregated, the header says which
-    (``deployments``: each side's, default `side_deployments`)."""
+    (``deployments``: each side's, `side_deployments`)."""
     n_a, n_b = (len(attr.requests) for attr in attrs)
-    if deployments is None:
-        deployments = side_deployments(paths, attrs)
     sides: tuple = ()
     if any(d and d.startswith("disaggregated") for d in deployments):
         sides = ("\n", plain("  ".join(f"{side} {d or 'co-located (no kv_transfer)'}"
@@ -84,17 +81,15 @@ def render_compare(
     )
 
 
-def side_deployments(paths: Sequence[str], attrs: Sequence[Any]) -> list[str | None]:
-    """How each trace was served: ``ttft.analysis.transfer.deployment`` of its run metadata
-    (``engine.disaggregated``), read from the file's footer; where the trace names no
-    engine (another format, an imported trace), ``disaggregated (kv_transfer spans)`` when
-    its attribution gives ``kv_transfer`` time, else None."""
+def side_deployments(metadata: Sequence[Mapping[str, Any]], attrs: Sequence[Any]
+                     ) -> list[str | None]:
+    """How each trace was served: ``ttft.analysis.transfer.deployment`` of its run
+    ``metadata`` (``engine.disaggregated``); where it names no engine (another format, an
+    imported trace), ``disaggregated (kv_transfer spans)`` when its attribution gives
+    ``kv_transfer`` time, else None."""
     out = []
-    for path, attr in zip(paths, attrs, strict=True):
-        try:
-            found = deployment(read_parquet_metadata(path))
-        except (OSError, ValueError):  # not ttft's Parquet: the spans say what they can
-            found = None
+    for meta, attr in zip(metadata, attrs, strict=True):
+        found = deployment(meta)
         att = attr.attributed
         if found is None and "kv_transfer" in att.columns and (att["kv_transfer"] > 0).any():
             found = "disaggregated (kv_transfer spans)"

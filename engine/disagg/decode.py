@@ -193,7 +193,7 @@ class DisaggEngine(Engine):
                     self._on_message(header, source.payload())
                 source.release()
         except (ChannelClosed, OSError):
-            pass
+            pass  # the worker stopped or died: failed below, as after a bad message
         except Exception:  # a malformed message: the channel cannot be trusted any more
             log.exception("ttft disagg: bad message from the prefill worker")
         if not self._stopping:

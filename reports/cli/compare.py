@@ -82,10 +82,10 @@ def compare(
         )
         attrs = [r.attribution for r in results]
         summaries = [r.summary for r in results]
-        deployments = _dataset_deployments((a, b))
+        metadata = _dataset_metadata((a, b))
     else:
-        attrs, summaries = _one_process((a, b), given, policy.value, format, mapping, slo)
-        deployments = None  # read from each file's run metadata by the view
+        attrs, summaries, metadata = _one_process((a, b), given, policy.value, format,
+                                                  mapping, slo)
     chosen = attrs[0].boundary
     load = compare_load(*summaries)
     for path, attr in zip((a, b), attrs, strict=True):
@@ -118,6 +118,7 @@ def compare(
             render_compare,
             render_failure_rates,
             render_load_compare,
+            side_deployments,
         )
         from ttft.reports.terminal import slo_text
 
@@ -125,7 +126,7 @@ def compare(
         render_failure_rates(failures, console, _CONFIDENCE)
         render_compare(
             table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts,
-            console, _CONFIDENCE, deployments=deployments,
+            console, _CONFIDENCE, side_deployments(metadata, attrs),
         )
         good = summaries[0].goodput
         render_load_compare(load, console, slo_text(good["slo"]) if good else None)
@@ -150,9 +151,9 @@ def compare(
 
 def _one_process(paths: tuple[Path, Path], given: str | None, policy: str,
                  format: str | None, mapping: Path | None, slo: dict[str, float] | None
-                 ) -> tuple[list, list]:
-    """``(attributions, summaries)`` of both traces read and analysed in this process, at
-    ``given``, else at the outermost boundary both support."""
+                 ) -> tuple[list, list, list]:
+    """``(attributions, summaries, run metadata)`` of both traces read and analysed in this
+    process, at ``given``, else at the outermost boundary both support."""
     analyses = [
         analyze_trace(path, boundary=given, policy=policy, format=format, mapping=mapping)
         for path in paths
@@ -164,15 +165,15 @@ def _one_process(paths: tuple[Path, Path], given: str | None, policy: str,
         analyses = [x if x.attribution.boundary == chosen else x.at(chosen) for x in analyses]
     for analysis in analyses if slo else ():
         add_goodput(analysis, slo)
-    return [x.attribution for x in analyses], [x.summary for x in analyses]
+    return ([x.attribution for x in analyses], [x.summary for x in analyses],
+            [x.metadata for x in analyses])
 
 
-def _dataset_deployments(paths: tuple[Path, Path]) -> list[str | None]:
-    """How each dataset's run was served, from its run metadata (``engine.disaggregated``)."""
-    from ttft.analysis.transfer import deployment
+def _dataset_metadata(paths: tuple[Path, Path]) -> list[dict]:
+    """Each dataset's run metadata (its ``_ttft_dataset.json``)."""
     from ttft.collectors import dataset_info
 
-    return [deployment(dataset_info(path).get("metadata") or {}) for path in paths]
+    return [dataset_info(path).get("metadata") or {} for path in paths]
 
 
 def _common_boundary(supported: list[tuple[str, ...]], paths: tuple[Path, Path]) -> str:
