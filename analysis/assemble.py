@@ -344,9 +344,10 @@ def _request_ids(uniq: np.ndarray, rid_values: list[str]) -> np.ndarray:
 def _conditions(table: pa.Table, row_req: np.ndarray, stage: np.ndarray, n_req: int) -> np.ndarray:
     """``prefix_hit`` / ``cold`` / None per request (the rule of ``analysis._conditions``)."""
     attrs = table.column("attributes")
-
-    def cached(codes: list[int]) -> np.ndarray:
-        rows = np.flatnonzero((row_req >= 0) & np.isin(stage, codes))
-        return max_cached(attrs, rows, row_req, n_req)
-
-    return conditions(cached([CODE["server"]]), cached([CODE["prefill"], CODE["prefill.chunk"]]))
+    server = max_cached(attrs, np.flatnonzero((row_req >= 0) & (stage == CODE["server"])),
+                        row_req, n_req)
+    # Prefill spans decide only where the server span did not say: read only those.
+    unsaid = np.zeros(n_req + 1, bool)  # the last entry: rows of no request
+    unsaid[:n_req] = server < 0
+    prefill = np.isin(stage, [CODE["prefill"], CODE["prefill.chunk"]]) & unsaid[row_req]
+    return conditions(server, max_cached(attrs, np.flatnonzero(prefill), row_req, n_req))

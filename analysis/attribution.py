@@ -139,8 +139,10 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     keep = np.flatnonzero(has)
     for key in ("cov", "raw"):
         out[key][:, _DERIVED] = out["att"][:, _DERIVED]
+    whole = len(keep) == n_req  # the usual case: no copy of the rows before pandas' own
     frames = {
-        key: pd.DataFrame(value[keep], columns=list(STAGE_NAMES)) for key, value in out.items()
+        key: pd.DataFrame(value if whole else value[keep], columns=list(STAGE_NAMES))
+        for key, value in out.items()
     }
     requests = reqs.iloc[keep][["trace_id", "request_id", "condition"]].reset_index(drop=True)
     requests["a_ns"] = a[keep]
@@ -227,7 +229,12 @@ class _Block:
         # A difference that wrapped (spans on two clocks 2^63 ns apart) is as late as any.
         rel = np.where(rel < 0, (1 << 53) - 1, np.minimum(rel, (1 << 53) - 1))
         key = ((self.prio + 1) << 58) | (np.minimum(self.depth, 31) << 53) | rel
-        return np.lexsort((self.sid_lo, self.sid_hi, key), axis=-1)
+        order = np.argsort(key, axis=-1)
+        ranked = np.take_along_axis(key, order, axis=1)
+        tied = np.flatnonzero((ranked[:, 1:] == ranked[:, :-1]).any(axis=1))
+        if len(tied):  # the span id decides ties (rare: same priority, depth and start)
+            order[tied] = np.lexsort((self.sid_lo[tied], self.sid_hi[tied], key[tied]), axis=-1)
+        return order
 
     @cached_property
     def _segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

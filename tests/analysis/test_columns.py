@@ -6,10 +6,17 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ttft.analysis._columns import group_order, id_values, int_attribute
+from ttft.analysis._columns import (
+    _int_pattern,
+    codes,
+    group_order,
+    id_values,
+    int_attribute,
+)
 
 
 def test_hex_ids_compare_like_their_strings():
@@ -53,8 +60,86 @@ def test_int_attribute_round_trips_json(values):
     assert got.tolist() == [-1 if v is None else v for v in values]
 
 
+def _by_regex(texts: list[str | None], key: str) -> list[int]:
+    found = pc.extract_regex(pa.array(texts, pa.string()), _int_pattern(key))
+    return pc.fill_null(pc.cast(pc.struct_field(found, [0]), pa.int64()), -1).to_pylist()
+
+
+# Text made of the pieces the rule looks at, so keys, colons, signs, digits and the bytes
+# that end a number meet in every order; the fast path must agree with the regex on all.
+_PIECES = st.sampled_from(['"k"', '"k"', ":", " ", "\t", "\n", "-", "0", "7", "9",
+                           "1234567890", ".", "e", "E", "x", "é", "\\\"k\\\"", "{", "}",
+                           ",", " " * 40, "\x00"])
+
+
+@given(st.lists(st.one_of(st.none(), st.lists(_PIECES, max_size=14).map("".join)),
+                max_size=40))
+def test_int_attribute_agrees_with_its_regular_expression(texts):
+    got = int_attribute(pa.array(texts, pa.string()), np.arange(len(texts)), "k")
+    assert got.tolist() == _by_regex(texts, "k")
+
+
+def test_int_attribute_takes_a_later_occurrence_when_the_first_does_not_parse():
+    texts = ['{"k":"x","k":4}', '{"a":"k","k": 12}', '"k""k":3', '"k":' + " " * 50 + "8"]
+    got = int_attribute(pa.array(texts), np.arange(4), "k")
+    assert got.tolist() == [4, 12, 3, 8] == _by_regex(texts, "k")
+
+
+def test_int_attribute_of_rows_in_several_chunks():
+    chunks = pa.chunked_array([['{"k":1}', "{}"], ['{"k": 22}', None, '{"k":-3}']])
+    assert int_attribute(chunks, np.array([0, 2, 3, 4]), "k").tolist() == [1, 22, -1, -3]
+
+
 @given(st.lists(st.integers(0, 5), max_size=50))
 def test_group_order_is_a_stable_sort(labels):
     labels = np.array(labels, dtype=np.int64)
     order = group_order(labels, 6)
     assert np.array_equal(order, np.argsort(labels, kind="stable"))
+
+
+def _hashed(values: list[str | None]) -> tuple[list[int], list[str]]:
+    enc = pc.dictionary_encode(pa.array(values, pa.string()))
+    return pc.fill_null(enc.indices, -1).to_pylist(), enc.dictionary.to_pylist()
+
+
+# Runs of one value (a trace's rows), 32- or 16-byte ids and other strings, nulls, split
+# into chunks anywhere: codes read by runs and folded words equal hashing every row.
+_VALUE = st.one_of(
+    st.none(),
+    st.sampled_from(["a" * 32, "b" * 32, "0123456789abcdef" * 2, "x" * 16, "short", "", "é" * 16]),
+)
+
+
+@given(st.lists(st.tuples(_VALUE, st.integers(1, 12)), max_size=30), st.integers(1, 50))
+def test_codes_by_runs_equal_hashing_every_row(runs, chunk):
+    values = [v for v, times in runs for _ in range(times)]
+    pieces = [values[i : i + chunk] for i in range(0, len(values), chunk)]
+    column = pa.chunked_array([pa.array(p, pa.string()) for p in pieces], pa.string())
+    got, distinct = codes(column)
+    want, want_distinct = _hashed(values)
+    assert got.tolist() == want and distinct == want_distinct
+
+
+def test_fixed_width_ids_in_long_runs_are_read_by_their_words():
+    ids = [f"{i:032x}" for i in (5, 3, 5, 9)]
+    values = [v for v in ids for _ in range(10)]
+    got, distinct = codes(pa.chunked_array([pa.array(values[:17]), pa.array(values[17:])]))
+    assert distinct == [ids[0], ids[1], ids[3]]
+    assert got.tolist() == [0] * 10 + [1] * 10 + [0] * 10 + [2] * 10
+
+
+@given(st.lists(st.one_of(st.none(), st.sampled_from(["00000000000000ff", "a000000000000000",
+                                                       "ffffffffffffffff"])), max_size=40),
+       st.integers(1, 9), st.booleans())
+def test_span_ids_by_chunks_equal_the_whole_column(ids, chunk, odd):
+    if odd:
+        ids = [*ids, "not-sixteen"]
+    pieces = [ids[i : i + chunk] for i in range(0, len(ids), chunk)] or [[]]
+    column = pa.chunked_array([pa.array(p, pa.string()) for p in pieces], pa.string())
+    hi, lo, present = id_values(column)
+    assert present.tolist() == [i is not None for i in ids]
+    keys = [(int(h), int(x)) for h, x in zip(hi, lo, strict=True)]
+    real = [i for i in range(len(ids)) if ids[i] is not None]
+    # Equal ids get equal words, and words order the ids as the strings do.
+    assert sorted(real, key=lambda i: (keys[i], i)) == sorted(real, key=lambda i: (ids[i], i))
+    assert all(keys[i] == (0, 0) for i in range(len(ids)) if ids[i] is None)
