@@ -47,18 +47,20 @@ def int64(col: pa.ChunkedArray | pa.Array, fill: int = 0) -> np.ndarray:
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
+def codes(col: pa.ChunkedArray | pa.Array, *, runs: bool = False
+          ) -> tuple[np.ndarray, list[str]]:
     """Integer codes (int32, -1 for null) and the distinct values of a string column.
 
     Dictionary columns keep their dictionary (unified across chunks); plain strings are
-    hash-encoded.
+    hash-encoded, with ``runs`` by runs of equal values where they hold few enough
+    (`_run_codes`: trace ids, whose rows files keep together).
     """
     if isinstance(col, pa.Array):
         col = pa.chunked_array([col], type=col.type)
     if not pa.types.is_dictionary(col.type):
-        runs = _run_codes(col)
-        if runs is not None:
-            return runs
+        found = _run_codes(col) if runs else None
+        if found is not None:
+            return found
         # One hash table over the whole column: encoding chunk by chunk and unifying the
         # dictionaries afterwards is several times slower for high-cardinality ids.
         col = pa.chunked_array([pc.dictionary_encode(_array(col))])
@@ -76,7 +78,7 @@ def _run_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]] | None:
     written together): equal neighbours are found by Arrow's string comparison, and only
     the first value of each run is hashed. Codes and values are those of hashing every
     row (values in order of first appearance). None when runs are not a quarter of the rows
-    or fewer: hashing everything is then cheaper."""
+    or fewer (a null is a run of its own): hashing everything is then cheaper."""
     n = len(col)
     if n < 2:
         return None

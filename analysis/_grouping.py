@@ -63,7 +63,7 @@ class Decoded:
 
 def decode(table: pa.Table) -> Decoded:
     """Decode a span table (``tracer.schema.SPAN_SCHEMA``)."""
-    trace, trace_values = col.codes(table.column("trace_id"))
+    trace, trace_values = col.codes(table.column("trace_id"), runs=True)
     start = col.int64(table.column("start_ns"))
     end = col.int64(table.column("end_ns"))
     stage_raw, stage_values = col.codes(table.column("stage"))

@@ -31,8 +31,26 @@ _SHED = (429, 503)
 
 
 def _matches(texts: pa.Array, pattern: str) -> np.ndarray:
-    found = pc.fill_null(pc.match_substring_regex(texts, pattern), False)
-    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
+    return _found(pc.match_substring_regex(texts, pattern))
+
+
+def _plainly_ok(texts: pa.Array) -> np.ndarray:
+    """Rows that are ``ok`` by `client_outcomes`' rules, found by substring searches alone:
+    neither an outcome nor an error key, or one outcome key and it written ``"outcome":"ok"``
+    (no failure is named ``ok``, so no rule can match)."""
+    key = json.dumps(ATTR_OUTCOME)
+
+    def has(needle: str) -> np.ndarray:
+        return _found(pc.match_substring(texts, needle))
+
+    keys = np.asarray(pc.fill_null(pc.count_substring(texts, key), 0)
+                      .to_numpy(zero_copy_only=False))
+    silent = (keys == 0) & ~has(json.dumps(ATTR_ERROR))
+    return silent | ((keys == 1) & has(f"{key}:{json.dumps(OUTCOME_OK)}"))
+
+
+def _found(mask: pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def client_outcomes(attributes: pa.ChunkedArray, rows: np.ndarray) -> np.ndarray:
@@ -43,6 +61,16 @@ def client_outcomes(attributes: pa.ChunkedArray, rows: np.ndarray) -> np.ndarray
     texts = col.take(attributes, rows)
     if pa.types.is_dictionary(texts.type) or pa.types.is_large_string(texts.type):
         texts = texts.cast(pa.string())
+    unclear = np.flatnonzero(~_plainly_ok(texts))  # the rules only where they may say more
+    if len(unclear):
+        out[unclear] = _by_rules(attributes, rows[unclear], texts.take(pa.array(unclear)))
+    return out
+
+
+def _by_rules(attributes: pa.ChunkedArray, rows: np.ndarray, texts: pa.Array) -> np.ndarray:
+    """`client_outcomes` of ``rows`` (their attributes: ``texts``) by the regular
+    expressions of the module's rules."""
+    out = np.full(len(rows), OUTCOME_OK, dtype=object)
     said = _matches(texts, rf'"{ATTR_OUTCOME}"\s*:')
     for kind in _FAILURES:
         out[_matches(texts, rf'"{ATTR_OUTCOME}"\s*:\s*"{kind}"')] = kind

@@ -115,7 +115,7 @@ def test_codes_by_runs_equal_hashing_every_row(runs, chunk):
     values = [v for v, times in runs for _ in range(times)]
     pieces = [values[i : i + chunk] for i in range(0, len(values), chunk)]
     column = pa.chunked_array([pa.array(p, pa.string()) for p in pieces], pa.string())
-    got, distinct = codes(column)
+    got, distinct = codes(column, runs=True)
     want, want_distinct = _hashed(values)
     assert got.tolist() == want and distinct == want_distinct
 
@@ -123,7 +123,8 @@ def test_codes_by_runs_equal_hashing_every_row(runs, chunk):
 def test_fixed_width_ids_in_long_runs_are_read_by_their_words():
     ids = [f"{i:032x}" for i in (5, 3, 5, 9)]
     values = [v for v in ids for _ in range(10)]
-    got, distinct = codes(pa.chunked_array([pa.array(values[:17]), pa.array(values[17:])]))
+    got, distinct = codes(pa.chunked_array([pa.array(values[:17]), pa.array(values[17:])]),
+                          runs=True)
     assert distinct == [ids[0], ids[1], ids[3]]
     assert got.tolist() == [0] * 10 + [1] * 10 + [0] * 10 + [2] * 10
 

@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from _build import event, row, table, tid
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ttft.analysis import analyze, assemble, attribute
+from ttft.analysis._outcomes import _by_rules, client_outcomes
 from ttft.analysis.compare import compare_failures, failure_regressions
 from ttft.collectors import write_trace
 from ttft.reports.cli import app
@@ -123,3 +127,18 @@ def test_compare_cli_fails_the_gate_on_more_failures_not_on_their_ttft(tmp_path)
     assert result.exit_code == 1, result.output
     assert "failures (all) 17.5% → 40.0%" in result.stderr.replace("\n", " ")
     assert "TTFT p" not in result.stderr  # equal ok TTFTs: only the failure rate regressed
+
+
+_OUTCOME_PIECES = st.sampled_from([
+    '"outcome"', ":", '"ok"', '"shed"', '"timeout"', '"okay"', '"error"', '"timed out"',
+    '"status_code"', "429", "200", " ", ",", "{", "}", '"x"', '\\"outcome\\"',
+])
+
+
+@given(st.lists(st.one_of(st.none(), st.lists(_OUTCOME_PIECES, max_size=12).map("".join)),
+                max_size=30))
+def test_outcomes_found_by_substrings_equal_the_rules(texts):
+    attributes = pa.chunked_array([pa.array(texts, pa.string())])
+    rows = np.arange(len(texts))
+    want = _by_rules(attributes, rows, attributes.chunk(0))
+    assert client_outcomes(attributes, rows).tolist() == want.tolist()
