@@ -139,9 +139,10 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     keep = np.flatnonzero(has)
     for key in ("cov", "raw"):
         out[key][:, _DERIVED] = out["att"][:, _DERIVED]
-    whole = len(keep) == n_req  # the usual case: no copy of the rows before pandas' own
+    whole = len(keep) == n_req  # the usual case: the arrays become the frames, uncopied
     frames = {
-        key: pd.DataFrame(value if whole else value[keep], columns=list(STAGE_NAMES))
+        key: pd.DataFrame(value if whole else value[keep], columns=list(STAGE_NAMES),
+                          copy=False)
         for key, value in out.items()
     }
     requests = reqs.iloc[keep][["trace_id", "request_id", "condition"]].reset_index(drop=True)
