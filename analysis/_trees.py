@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ttft.analysis._buckets import iter_blocks, take_rows
+from ttft.analysis._buckets import iter_blocks
 from ttft.tracer.schema import REQUEST_STAGES, STAGE_NAMES
 
 NONE_NS = np.iinfo(np.int64).min
@@ -144,16 +144,28 @@ def _best(cand: np.ndarray, values: np.ndarray, lowest: bool) -> np.ndarray:
 def _depths(parent: np.ndarray) -> np.ndarray:
     """Ancestors of every column of a ``(requests, K)`` block by ``parent`` columns (-1 =
     none), capped at ``K`` (a cycle counts every hop) and at the int16 range: by pointer
-    doubling, so ``log2 K`` passes even for a 100,000-deep chain."""
-    k = parent.shape[1]
-    jump = parent.copy()
-    hops = (parent >= 0).astype(np.int64)
+    doubling, so ``log2 K`` passes even for a 100,000-deep chain.
+
+    Each row gets one more column, a root of roots that is its own parent with no hops, so
+    the passes are plain gathers by flat index, with no test for a missing parent."""
+    n, k = parent.shape
+    width = k + 1
+    base = np.arange(0, n * width, width)[:, None]
+    jump = np.empty((n, width), np.int64)
+    jump[:, :k] = np.where(parent >= 0, parent, k)
+    jump[:, k] = k
+    jump += base
+    jump = jump.ravel()
+    hops = np.zeros((n, width), np.int64)
+    hops[:, :k] = parent >= 0
+    hops = hops.ravel()
+    done = (base + k).ravel().repeat(width)  # each entry's own row's root of roots
     reach = 1
-    while reach < k and (jump >= 0).any():
-        up = jump >= 0
-        hops = hops + np.where(up, take_rows(hops, jump, fill=0), 0)
-        jump = np.where(up, take_rows(jump, jump, fill=-1), -1)
+    while reach < k and (jump != done).any():
+        hops = hops + hops.take(jump)
+        jump = jump.take(jump)
         reach *= 2
+    hops = hops.reshape(n, width)[:, :k]
     return np.minimum(hops, min(k, np.iinfo(np.int16).max)).astype(np.int16)
 
 
@@ -209,12 +221,11 @@ def _links_small(
     at = base + np.minimum(below, k - 1)
     hit = (below < k) & (flat.take(at) == asked)
     parent = np.where(hit, by_word.ravel().take(at), -1)
-    at = np.maximum(parent, 0)
+    at = (base + np.maximum(parent, 0)).ravel()  # flat, always inside the row
     same = (
-        take_rows(has, at, fill=False)
-        & (take_rows(hi, at) == phi)
-        & (take_rows(lo, at) == plo)
-    )
+        has.ravel().take(at) & (hi.ravel().take(at) == phi.ravel())
+        & (lo.ravel().take(at) == plo.ravel())
+    ).reshape(n, k)
     parent = np.where(has_parent & (parent >= 0) & same & (parent != np.arange(k)[None]),
                       parent, -1)
     return parent, np.ones((n, k), bool), parent >= 0
