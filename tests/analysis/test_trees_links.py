@@ -34,3 +34,29 @@ def test_pairwise_and_sorting_paths_agree(monkeypatch, k, repeated):
         monkeypatch.undo()
         for a, b in zip(fast, sorted_, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def _walked_depths(parent: np.ndarray) -> np.ndarray:
+    """Ancestors by walking up one span at a time, at most K hops (a cycle's spans: K)."""
+    n, k = parent.shape
+    out = np.zeros((n, k), np.int64)
+    for r in range(n):
+        for c in range(k):
+            at, hops = int(parent[r, c]), 0
+            while at >= 0 and hops < k:
+                at, hops = int(parent[r, at]), hops + 1
+            out[r, c] = hops
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_depths_by_doubling_equal_a_walk_up(seed):
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(1, 8)), int(rng.integers(1, 40))
+    if seed % 2:  # any graph: self-parents and cycles included
+        parent = rng.integers(-1, k, (n, k))
+    else:  # a forest: parents in earlier columns, some deep chains
+        cols = np.arange(k)[None]
+        earlier = np.maximum(cols - rng.integers(1, 3, (n, k)), -1)
+        parent = np.where(rng.random((n, k)) < 0.9, earlier, -1)
+    assert trees._depths(parent).tolist() == _walked_depths(parent).tolist()
