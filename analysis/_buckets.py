@@ -85,3 +85,19 @@ def active_bits(first: np.ndarray, stop: np.ndarray, segments: int) -> np.ndarra
     toggles = np.bincount(at, weights=np.concatenate([weight, weight]), minlength=n * width)
     bits = np.bitwise_xor.accumulate(toggles.astype(np.uint64).reshape(n, width), axis=1)
     return bits[:, :segments]
+
+
+def row_sums(flat: np.ndarray, ns: np.ndarray, size: int) -> np.ndarray:
+    """``bincount(flat, weights=ns)`` in exact int64, for ``(N, S)`` ns values where each
+    bin of ``flat`` collects values of one row only.
+
+    float64 bincount is exact while every partial sum stays below 2^53 ns (104 days), which
+    ``max |ns| * S`` bounds; windows beyond that are summed with integer ``np.add.at``.
+    """
+    values = ns.ravel()
+    if int(np.abs(ns).max(initial=0)) * max(ns.shape[-1], 1) < 1 << 53:
+        total = np.bincount(flat, weights=values.astype(np.float64), minlength=size)
+        return np.rint(total).astype(np.int64)
+    total = np.zeros(size, np.int64)
+    np.add.at(total, flat, values.astype(np.int64))
+    return total

@@ -22,6 +22,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from ttft.analysis import _buckets
 from ttft.analysis._buckets import MAX_BITS, active_bits, iter_blocks, nearest_ancestor, take_rows
 from ttft.analysis._trees import CODE, N_STAGES
 from ttft.analysis.assemble import Assembly
@@ -159,22 +160,6 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     )
 
 
-def _row_sums(flat: np.ndarray, ns: np.ndarray, size: int) -> np.ndarray:
-    """``bincount(flat, weights=ns)`` in exact int64, for ``(N, S)`` ns values where each
-    bin of ``flat`` collects values of one row only.
-
-    float64 bincount is exact while every partial sum stays below 2^53 ns (104 days), which
-    ``max |ns| * S`` bounds; windows beyond that are summed with integer ``np.add.at``.
-    """
-    values = ns.ravel()
-    if int(np.abs(ns).max(initial=0)) * max(ns.shape[-1], 1) < 1 << 53:
-        total = np.bincount(flat, weights=values.astype(np.float64), minlength=size)
-        return np.rint(total).astype(np.int64)
-    total = np.zeros(size, np.int64)
-    np.add.at(total, flat, values.astype(np.int64))
-    return total
-
-
 class _Block:
     """One block of requests with the same span count, clipped to their windows."""
 
@@ -208,18 +193,22 @@ class _Block:
         self.out_stage = np.where(is_root, root_stage, stage)
         self.is_root = is_root
         self.rootcol = rootcol
-        self._tree_parent = sp.parent[pos]
+        self._sp, self._pos = sp, pos  # for what only some policies read (below)
         self.depth = sp.depth[pos].astype(np.int64)
         self.start = start
-        self.sid_hi, self.sid_lo = sp.sid_hi[pos], sp.sid_lo[pos]
         prio = np.where(is_root, 0, _PRIO[stage])
         self.prio = np.where(inc, prio, -1)
+
+    @cached_property
+    def _sid(self) -> tuple[np.ndarray, np.ndarray]:
+        """The span ids' two words (`Spans.sid_hi`, ``sid_lo``), read where ties need them."""
+        return self._sp.sid_hi[self._pos], self._sp.sid_lo[self._pos]
 
     # -- exclusive order and elementary segments -------------------------------------
     @cached_property
     def parent(self) -> np.ndarray:
         """Nearest included ancestor's column; else the root's (the virtual root: -1)."""
-        par = nearest_ancestor(self._tree_parent, self.inc)
+        par = nearest_ancestor(self._sp.parent[self._pos], self.inc)
         par = np.where(~self.is_root & (par < 0), self.rootcol, par)
         return np.where(self.is_root, -1, par)
 
@@ -234,7 +223,8 @@ class _Block:
         ranked = np.take_along_axis(key, order, axis=1)
         tied = np.flatnonzero((ranked[:, 1:] == ranked[:, :-1]).any(axis=1))
         if len(tied):  # the span id decides ties (rare: same priority, depth and start)
-            order[tied] = np.lexsort((self.sid_lo[tied], self.sid_hi[tied], key[tied]), axis=-1)
+            hi, lo = self._sid
+            order[tied] = np.lexsort((lo[tied], hi[tied], key[tied]), axis=-1)
         return order
 
     @cached_property
@@ -253,6 +243,19 @@ class _Block:
         k = self.k
         return pts[:, 1:] - pts[:, :-1], pos[:, 1 : k + 1], pos[:, k + 1 : 2 * k + 1]
 
+    @cached_property
+    def _bits(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """`active_bits` of the block (``K <= MAX_BITS``), computed once for the policy and
+        the covered unions: bit ``j`` is the ``j``-th column in exclusive order where that
+        order is already known (the exclusive policy), else column ``j``; with the order
+        used (None for the columns as they are)."""
+        length, first, stop = self._segments
+        order = self.__dict__.get("_order")
+        if order is not None:
+            first = np.take_along_axis(first, order, axis=1)
+            stop = np.take_along_axis(stop, order, axis=1)
+        return active_bits(first, stop, length.shape[1]), order
+
     def _active(self, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
         """(N, S) mask of the segments ``[first, stop)`` of one column per row."""
         seg = np.arange(2 * self.k + 1, dtype=np.int16)[None]
@@ -260,17 +263,18 @@ class _Block:
 
     def _sum_by_stage(self, stage: np.ndarray, ns: np.ndarray) -> np.ndarray:
         flat = (np.arange(self.n)[:, None] * N_STAGES + stage).ravel()
-        return _row_sums(flat, ns, self.n * N_STAGES).reshape(self.n, N_STAGES)
+        return _buckets.row_sums(flat, ns, self.n * N_STAGES).reshape(self.n, N_STAGES)
 
     def exclusive(self) -> np.ndarray:
         """Each segment to the active column with the largest exclusive key."""
         length, first, stop = self._segments
         order = self._order
-        first = np.take_along_axis(first, order, axis=1)
-        stop = np.take_along_axis(stop, order, axis=1)
         if self.k <= MAX_BITS:  # the highest active column is the top bit set
-            owner = np.frexp(active_bits(first, stop, length.shape[1]).astype(np.float64))[1] - 1
+            bits, _ = self._bits
+            owner = np.frexp(bits.astype(np.float64))[1] - 1
         else:
+            first = np.take_along_axis(first, order, axis=1)
+            stop = np.take_along_axis(stop, order, axis=1)
             owner = np.full(length.shape, -1, np.int32)  # a request may hold > 32767 spans
             for r in range(self.k):
                 np.putmask(owner, self._active(first[:, r], stop[:, r]), r)
@@ -289,12 +293,13 @@ class _Block:
         length, first, stop = self._segments
         spans = self._sum_by_stage(self.stage, self.inc.astype(np.int64))
         several = np.flatnonzero((spans >= 2).any(axis=0))
-        bits = (active_bits(first, stop, length.shape[1])
-                if self.k <= MAX_BITS and len(several) else None)
+        bits, order = self._bits if self.k <= MAX_BITS and len(several) else (None, None)
         for code in several:
             rows = spans[:, code] >= 2
             mine = (self.stage[rows] == code) & self.inc[rows]
             if bits is not None:
+                if order is not None:  # the bits are in exclusive order
+                    mine = np.take_along_axis(mine, order[rows], axis=1)
                 words = (mine * np.ldexp(1.0, np.arange(self.k))).sum(axis=1).astype(np.uint64)
                 hit = (bits[rows] & words[:, None]) != 0
             else:
@@ -356,7 +361,7 @@ class _Block:
         lo, hi = ext_lo[:, :k], ext_hi[:, :k]
         live = self.inc & (hi > lo)
         # rank by (end, start, span_id): the walk takes the child that ends last.
-        order = np.lexsort((self.sid_lo, self.sid_hi, lo, hi), axis=-1)
+        order = np.lexsort((*self._sid[::-1], lo, hi), axis=-1)
         rank = np.argsort(order, axis=1)
         rank = np.where(live, rank, -1)
         sib = (par[:, :, None] == par[:, None, :]) & live[:, :, None] & live[:, None, :]
@@ -384,7 +389,7 @@ class _Block:
             on = new
         length = np.where(on, hi - lo, 0)
         flat = (np.arange(self.n)[:, None] * (k + 1) + par).ravel()
-        child = _row_sums(flat, length, self.n * (k + 1)).reshape(self.n, k + 1)
+        child = _buckets.row_sums(flat, length, self.n * (k + 1)).reshape(self.n, k + 1)
         own = np.where(on, length - child[:, :k], 0)
         att = self._sum_by_stage(self.out_stage, own)
         att[:, CODE["unattributed"]] += (self.b - self.a)[:, 0] - child[:, k]
