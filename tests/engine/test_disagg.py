@@ -187,7 +187,10 @@ def test_the_first_token_mode_places_the_transfer(disagg):
     if disagg.first_token == "decode":
         assert first_ms >= delay_ms  # TTFT includes the transfer
     else:
-        assert first_ms < delay_ms <= second_ms - first_ms  # the second token waits for it
+        # The first token comes before the transfer ends; the second waits for it. (The
+        # transfer starts before the first token is sent, so the gap between the two
+        # tokens can be a little under the delay: a run measured 398 ms for 400.)
+        assert first_ms < delay_ms <= second_ms
 
 
 def test_a_dying_worker_fails_its_requests_and_the_server_stops():
