@@ -121,6 +121,23 @@ def by_trace(table: pa.Table) -> pa.Table:
     return table.take(order)
 
 
+def replace_bytes(dest: Path, data: bytes) -> None:
+    """Write ``data`` to ``dest`` durably: a dot-named temporary beside it is written and
+    fsynced, renamed over ``dest``, and the directory fsynced, so a reader sees the old
+    file or the new one, never a part of one, and the new one survives a crash once this
+    returns."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+        fsync(tmp)
+        os.replace(tmp, dest)
+        fsync(dest.parent)
+    except BaseException:
+        discard(tmp)
+        raise
+
+
 def write_atomic(dest: Path, table: pa.Table, metadata_json: bytes) -> None:
     """Write ``table`` to ``dest`` via a temporary dot-name, so ``dest`` is always whole."""
     tmp = dest.with_name(f".{dest.name}.tmp")

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ttft.collectors._files import discard, fsync, write_atomic
+from ttft.collectors._files import fsync, replace_bytes, write_atomic
 from ttft.collectors.errors import TraceFileError
 from ttft.collectors.parquet import read_parquet
 from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION
@@ -150,19 +150,6 @@ def _write_partition(folder: Path, table: pa.Table, own: np.ndarray, borrowed: n
     fsync(folder)  # the renames into it are durable before the dataset file names it
 
 
-def _write_json_local(dest: Path, data: bytes) -> None:
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    try:
-        with open(tmp, "wb") as out:
-            out.write(data)
-        fsync(tmp)
-        os.replace(tmp, dest)
-        fsync(dest.parent)
-    except BaseException:
-        discard(tmp)
-        raise
-
-
 def _refuse_nonempty_local(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty directory; the dataset is "
@@ -234,7 +221,7 @@ def _target(out: str | os.PathLike[str]) -> Iterator[tuple[Any, Any]]:
         _refuse_nonempty_local(root)
         root.mkdir(parents=True, exist_ok=True)
         yield ((lambda k, write: write(root / _partition_name(k))),
-               (lambda info: _write_json_local(root / DATASET_FILE, info)))
+               (lambda info: replace_bytes(root / DATASET_FILE, info)))
         return
     fs, root_path = _filesystem(os.fspath(out))
     if fs.exists(root_path) and (not fs.isdir(root_path) or fs.ls(root_path)):

@@ -24,6 +24,7 @@ from ttft.collectors._files import (
     log_name,
     part_files,
     parts_dir,
+    replace_bytes,
     uncovered_logs,
     write_atomic,
 )
@@ -37,7 +38,7 @@ from ttft.collectors._log import (
 from ttft.collectors._spans import to_span_table
 from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
-__all__ = ["TraceWriter", "write_trace"]
+__all__ = ["TraceWriter", "replace_bytes", "write_trace"]  # replace_bytes: for small files
 
 logger = logging.getLogger(__name__)
 

@@ -39,6 +39,7 @@ from ttft.analysis import analyze, percentile_bands
 from ttft.analysis.slo import goodput_of
 from ttft.collectors import read_spans
 from ttft.collectors.trace_run import TraceSpec, server_models, server_root, trace_server
+from ttft.collectors.writer import replace_bytes
 
 __all__ = ["MODES", "SWEEP_FILE", "SweepSpec", "check_server", "knee_of", "parse_levels",
            "prepare_dir", "read_sweep", "run_sweep", "step_seed", "summarize_step"]
@@ -284,9 +285,8 @@ class _Sweep:
 
     def write(self, finished: bool) -> dict[str, Any]:
         content = self.content(finished)
-        tmp = self.out / f".{SWEEP_FILE}.tmp"
-        tmp.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.out / SWEEP_FILE)
+        # Durable before the next step starts: a crash keeps every finished step's summary.
+        replace_bytes(self.out / SWEEP_FILE, (json.dumps(content, indent=2) + "\n").encode())
         return content
 
 

@@ -185,3 +185,30 @@ def _rows(table: pa.Table) -> list[tuple]:
     """The ids of every row, sorted (row order within a part is the writer's choice)."""
     cols = [table.column(n).to_pylist() for n in ("trace_id", "span_id", "parent_id", "request_id")]
     return sorted(zip(*cols, strict=True), key=lambda r: tuple(x or "" for x in r))
+
+
+def test_replace_bytes_swaps_the_whole_file_and_leaves_no_temporary(tmp_path):
+    from ttft.collectors.writer import replace_bytes
+
+    dest = tmp_path / "sweep.json"
+    replace_bytes(dest, b"first")
+    replace_bytes(dest, b"second, longer")
+    assert dest.read_bytes() == b"second, longer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]
+
+
+def test_replace_bytes_that_fails_keeps_the_old_file(tmp_path, monkeypatch):
+    import ttft.collectors._files as files
+    from ttft.collectors.writer import replace_bytes
+
+    dest = tmp_path / "sweep.json"
+    replace_bytes(dest, b"kept")
+
+    def broken(path):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(files, "fsync", broken)
+    with pytest.raises(OSError, match="disk gone"):
+        replace_bytes(dest, b"lost")
+    assert dest.read_bytes() == b"kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]
