@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -121,31 +122,32 @@ def by_trace(table: pa.Table) -> pa.Table:
     return table.take(order)
 
 
-def replace_bytes(dest: Path, data: bytes) -> None:
-    """Write ``data`` to ``dest`` durably: a dot-named temporary beside it is written and
-    fsynced, renamed over ``dest``, and the directory fsynced, so a reader sees the old
-    file or the new one, never a part of one, and the new one survives a crash once this
-    returns."""
+@contextlib.contextmanager
+def _replacing(dest: Path) -> Iterator[Path]:
+    """Yield a dot-named temporary beside ``dest`` to write; once the block ends, fsync it
+    and rename it over ``dest`` (readers see the old file or the new one, never a part of
+    one). The temporary is removed if anything fails."""
     tmp = dest.with_name(f".{dest.name}.tmp")
     try:
-        with open(tmp, "wb") as out:
-            out.write(data)
+        yield tmp
         fsync(tmp)
         os.replace(tmp, dest)
-        fsync(dest.parent)
     except BaseException:
         discard(tmp)
         raise
+
+
+def replace_bytes(dest: Path, data: bytes) -> None:
+    """Write ``data`` to ``dest`` whole (`_replacing`) and durably: the directory is
+    fsynced after the rename, so the new file survives a crash once this returns."""
+    with _replacing(dest) as tmp:
+        tmp.write_bytes(data)
+    fsync(dest.parent)
 
 
 def write_atomic(dest: Path, table: pa.Table, metadata_json: bytes) -> None:
-    """Write ``table`` to ``dest`` via a temporary dot-name, so ``dest`` is always whole."""
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    try:
+    """Write ``table`` to ``dest`` via a temporary dot-name, so ``dest`` is always whole
+    (`_replacing`; the directory is not fsynced here)."""
+    with _replacing(dest) as tmp:
         table = by_trace(table).replace_schema_metadata({METADATA_KEY: metadata_json})
         pq.write_table(table, tmp, **WRITE_OPTIONS)
-        fsync(tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        discard(tmp)
-        raise
