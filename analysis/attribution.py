@@ -244,17 +244,15 @@ class _Block:
         return pts[:, 1:] - pts[:, :-1], pos[:, 1 : k + 1], pos[:, k + 1 : 2 * k + 1]
 
     @cached_property
-    def _bits(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """`active_bits` of the block (``K <= MAX_BITS``), computed once for the policy and
-        the covered unions: bit ``j`` is the ``j``-th column in exclusive order where that
-        order is already known (the exclusive policy), else column ``j``; with the order
-        used (None for the columns as they are)."""
+    def _bits(self) -> np.ndarray:
+        """`active_bits` of the block (``K <= MAX_BITS``), computed once for the exclusive
+        owners and the covered unions: bit ``j`` is the ``j``-th column in exclusive order
+        (`_order`)."""
         length, first, stop = self._segments
-        order = self.__dict__.get("_order")
-        if order is not None:
-            first = np.take_along_axis(first, order, axis=1)
-            stop = np.take_along_axis(stop, order, axis=1)
-        return active_bits(first, stop, length.shape[1]), order
+        order = self._order
+        first = np.take_along_axis(first, order, axis=1)
+        stop = np.take_along_axis(stop, order, axis=1)
+        return active_bits(first, stop, length.shape[1])
 
     def _active(self, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
         """(N, S) mask of the segments ``[first, stop)`` of one column per row."""
@@ -270,8 +268,7 @@ class _Block:
         length, first, stop = self._segments
         order = self._order
         if self.k <= MAX_BITS:  # the highest active column is the top bit set
-            bits, _ = self._bits
-            owner = np.frexp(bits.astype(np.float64))[1] - 1
+            owner = np.frexp(self._bits.astype(np.float64))[1] - 1
         else:
             first = np.take_along_axis(first, order, axis=1)
             stop = np.take_along_axis(stop, order, axis=1)
@@ -293,13 +290,12 @@ class _Block:
         length, first, stop = self._segments
         spans = self._sum_by_stage(self.stage, self.inc.astype(np.int64))
         several = np.flatnonzero((spans >= 2).any(axis=0))
-        bits, order = self._bits if self.k <= MAX_BITS and len(several) else (None, None)
+        bits = self._bits if self.k <= MAX_BITS and len(several) else None
         for code in several:
             rows = spans[:, code] >= 2
             mine = (self.stage[rows] == code) & self.inc[rows]
             if bits is not None:
-                if order is not None:  # the bits are in exclusive order
-                    mine = np.take_along_axis(mine, order[rows], axis=1)
+                mine = np.take_along_axis(mine, self._order[rows], axis=1)  # as the bits
                 words = (mine * np.ldexp(1.0, np.arange(self.k))).sum(axis=1).astype(np.uint64)
                 hit = (bits[rows] & words[:, None]) != 0
             else:
