@@ -658,7 +658,9 @@ def test_trace_readers_open_files_read_only():
         assert _writes(tree) == ({"target.write"} if tree is reader else set())
     files = tree_of("ttft.collectors._files")
     assert _writes(function(files, "part_files")) == set()
-    assert "os.replace" in _writes(function(files, "write_atomic"))  # the scan sees writes
+    # the scan sees writes: the rename of every atomic write, and the Parquet write
+    assert "os.replace" in _writes(function(files, "_replacing"))
+    assert "pq.write_table" in _writes(function(files, "write_atomic"))
 
 
 def _snapshot(root: Path) -> dict[str, tuple]:
