@@ -137,45 +137,89 @@ def _fixed_width_codes(texts: pa.Array) -> tuple[np.ndarray, list[str]] | None:
 
 def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Span ids as two uint64 words ``(high, low)`` that compare like the id strings, and
-    a non-null mask.
+    a non-null mask (`id_words` of every row of one column)."""
+    return id_words((col, None))[0]
 
-    16-character ids (the W3C hex form every OpenTelemetry source writes) are read
-    straight from the Arrow buffer as two big-endian words, so numeric order is byte order
-    of the strings; any other form falls back to ranks of the sorted distinct strings.
+
+Words = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def id_words(*picks: tuple[pa.ChunkedArray | pa.Array, np.ndarray | None]) -> list[Words]:
+    """Span ids at chosen rows of one or more id columns (``(column, rows)``; rows in any
+    order, None for all) as ``(high, low, present)``: two uint64 words that compare like
+    the id strings, equal words for equal ids across all the picks, and a non-null mask.
+
+    Where every column holds only 16-character ids (the W3C hex form every OpenTelemetry
+    source writes) and nulls, the words are read straight from the Arrow buffer at the
+    chosen rows, big-endian, so numeric order is byte order of the strings. Otherwise the
+    chosen strings are ranked among all the picks' distinct strings together: ranks taken
+    per column would make a parent id equal to another span's id.
     """
-    arr = _array(col)
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.cast(pa.string())
-    if pa.types.is_large_string(arr.type):
-        arr = arr.cast(pa.string())
-    n = len(arr)
-    present = (
-        np.ones(n, bool)
-        if arr.null_count == 0
-        else np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
-    )
-    high = np.zeros(n, np.uint64)
-    low = np.zeros(n, np.uint64)
-    if n == 0 or not present.any():
-        return high, low, present
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
-    lengths = np.diff(offsets)
-    nulls = n - int(present.sum())
-    if int(offsets[-1] - offsets[0]) == 16 * (n - nulls) and np.all(
-        lengths == np.where(present, 16, 0) if nulls else lengths == 16
-    ):
-        first = int(offsets[0])
-        raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[first : int(offsets[-1])]
-        words = raw.view(">u8").reshape(-1, 2)
-        if not nulls:
-            return words[:, 0].astype(np.uint64), words[:, 1].astype(np.uint64), present
-        high[present], low[present] = words[:, 0], words[:, 1]
-        return high, low, present
-    enc = pc.dictionary_encode(arr)
+    arrays = [_id_array(col) for col, _ in picks]
+    fixed = [_fixed_ids(arr) for arr in arrays]
+    if all(f is not None for f in fixed):
+        return [_gather_words(f, rows, len(arr))
+                for f, arr, (_, rows) in zip(fixed, arrays, picks, strict=True)]
+    chosen = [arr if rows is None else arr.take(pa.array(rows, type=pa.int64()))
+              for arr, (_, rows) in zip(arrays, picks, strict=True)]
+    joined = pa.concat_arrays(chosen) if chosen else pa.array([], pa.string())
+    enc = pc.dictionary_encode(joined)
     rank = np.empty(len(enc.dictionary), dtype=np.uint64)
     rank[np.asarray(pc.sort_indices(enc.dictionary))] = np.arange(len(enc.dictionary))
     idx = np.asarray(pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False))
-    high[:] = np.where(present, rank[idx], 0)
+    valid = np.asarray(pc.is_valid(joined).to_numpy(zero_copy_only=False), dtype=bool)
+    high = np.where(valid, rank[idx] if len(rank) else 0, 0).astype(np.uint64)
+    cuts = np.cumsum([0] + [len(c) for c in chosen])
+    return [(high[a:b], np.zeros(b - a, np.uint64), valid[a:b])
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def _id_array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    arr = _array(col)
+    if pa.types.is_dictionary(arr.type) or pa.types.is_large_string(arr.type):
+        arr = arr.cast(pa.string())
+    return arr
+
+
+def _fixed_ids(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The ``(k, 2)`` big-endian words of the k non-null values, in row order, and each
+    row's index among them (None without nulls); None unless every value has 16 bytes."""
+    n = len(arr)
+    if n == 0:
+        return np.zeros((0, 2), ">u8"), None
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
+    nulls = arr.null_count
+    if int(offsets[-1] - offsets[0]) != 16 * (n - nulls):
+        return None
+    lengths = np.diff(offsets)
+    if not nulls:
+        if not np.all(lengths == 16):
+            return None
+        place = None
+    else:
+        present = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
+        if not np.all(lengths == np.where(present, 16, 0)):
+            return None
+        place = np.cumsum(present, dtype=np.int32) - 1  # rows < 2**31 (offsets are int32)
+        place[~present] = -1
+    raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])]
+    return raw.view(">u8").reshape(-1, 2), place
+
+
+def _gather_words(fixed: tuple[np.ndarray, np.ndarray | None], rows: np.ndarray | None,
+                  n: int) -> Words:
+    words, place = fixed
+    if place is None:
+        picked = words if rows is None else words[rows]
+        present = np.ones(len(picked), bool)
+        return picked[:, 0].astype(np.uint64), picked[:, 1].astype(np.uint64), present
+    at = place if rows is None else place[rows]
+    present = at >= 0
+    high = np.zeros(len(at), np.uint64)
+    low = np.zeros(len(at), np.uint64)
+    if len(words):
+        picked = words[at[present]]
+        high[present], low[present] = picked[:, 0], picked[:, 1]
     return high, low, present
 
 

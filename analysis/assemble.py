@@ -184,9 +184,6 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     if shift is not None:
         start, end = start + shift, end + shift
 
-    sid_hi, sid_lo, has_sid = col.id_values(table.column("span_id"))
-    psid_hi, psid_lo, has_psid = col.id_values(table.column("parent_id"))
-
     # Spans that can take window time: request traces, no events, no steps.
     span_rows = np.flatnonzero((row_req >= 0) & ~is_event & (stage != CODE["step"]))
     joined = _join_gpu(table, stage, row_req, valid, span_rows)
@@ -197,12 +194,14 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     rows, req = rows[order], req[order]
     n_plain = len(span_rows)
     is_copy = order >= n_plain
-    parent_rows = np.concatenate([span_rows, chunk_rows])[order]
-    psid = (
-        np.where(is_copy, sid_hi[parent_rows], psid_hi[rows]),
-        np.where(is_copy, sid_lo[parent_rows], psid_lo[rows]),
+    # A gpu copy's parent is its chunk. Ids are read at these rows only (events and the
+    # engine's own spans never need theirs).
+    copy_parent = np.concatenate([span_rows, chunk_rows])[order][is_copy]
+    span_col = table.column("span_id")
+    (sid_hi, sid_lo, has_sid), (p_hi, p_lo, has_parent), (c_hi, c_lo, _) = col.id_words(
+        (span_col, rows), (table.column("parent_id"), rows), (span_col, copy_parent)
     )
-    has_parent = np.where(is_copy, True, has_psid[rows])
+    p_hi[is_copy], p_lo[is_copy], has_parent[is_copy] = c_hi, c_lo, True
     counts = np.bincount(req, minlength=n_req)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     spans = Spans(
@@ -211,15 +210,15 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         end_ns=end[rows],
         stage=np.where(is_copy, CODE["gpu"], stage[rows]).astype(np.int8),
         client=is_client[rows],
-        sid_hi=sid_hi[rows],
-        sid_lo=sid_lo[rows],
+        sid_hi=sid_hi,
+        sid_lo=sid_lo,
         parent=np.full(len(rows), -1, np.int32),
         depth=np.zeros(len(rows), np.int16),
         keep=np.ones(len(rows), bool),
         counts=counts,
         offsets=offsets,
     )
-    windows = resolve_trees(spans, has_sid[rows], psid, has_parent, n_req)
+    windows = resolve_trees(spans, has_sid, (p_hi, p_lo), has_parent, n_req)
     _add_tree_examples(quality, windows, trace_values, first_trace)
 
     # Events: boundary ends and client token times.

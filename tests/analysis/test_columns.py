@@ -14,6 +14,7 @@ from ttft.analysis._columns import (
     codes,
     group_order,
     id_values,
+    id_words,
     int_attribute,
 )
 
@@ -30,6 +31,31 @@ def test_hex_ids_compare_like_their_strings():
 def test_other_ids_fall_back_to_ranks():
     hi, lo, present = id_values(pa.array(["b", "a", None, "c"]))
     assert hi.tolist() == [1, 0, 0, 2] and present.tolist() == [True, True, False, True]
+
+
+def test_other_ids_rank_alike_in_span_and_parent_columns():
+    # Ranked per column, the parent "x" (rank 1 among its column's {b, x}) would equal the
+    # span "c" (rank 1 among {b, c, x}).
+    spans, parents = pa.array(["x", "b", "c"]), pa.array([None, "x", "b"])
+    (s_hi, s_lo, _), (p_hi, p_lo, has_p) = id_words((spans, None), (parents, None))
+    span_keys = [(int(h), int(x)) for h, x in zip(s_hi, s_lo, strict=True)]
+    parent_keys = [(int(h), int(x)) for h, x in zip(p_hi, p_lo, strict=True)]
+    assert has_p.tolist() == [False, True, True]
+    assert parent_keys[1] == span_keys[0] and parent_keys[2] == span_keys[1]
+    assert len(set(span_keys)) == 3
+
+
+@given(st.lists(st.one_of(st.none(), st.sampled_from(["00000000000000ff", "a000000000000000",
+                                                       "ffffffffffffffff", "short"])),
+                min_size=1, max_size=30),
+       st.data())
+def test_id_words_at_rows_equal_the_whole_column_there(ids, data):
+    rows = np.asarray(data.draw(st.lists(st.integers(0, len(ids) - 1), max_size=40)), np.int64)
+    column = pa.chunked_array([pa.array(ids[:3], pa.string()), pa.array(ids[3:], pa.string())])
+    (hi, lo, present), (whole_hi, whole_lo, whole_present) = id_words(
+        (column, rows), (column, None))
+    assert present.tolist() == whole_present[rows].tolist()
+    assert hi.tolist() == whole_hi[rows].tolist() and lo.tolist() == whole_lo[rows].tolist()
 
 
 def test_int_attribute_reads_integers_only():

@@ -60,3 +60,35 @@ def test_depths_by_doubling_equal_a_walk_up(seed):
         earlier = np.maximum(cols - rng.integers(1, 3, (n, k)), -1)
         parent = np.where(rng.random((n, k)) < 0.9, earlier, -1)
     assert trees._depths(parent).tolist() == _walked_depths(parent).tolist()
+
+
+def _renamed(rows, names):
+    return [{**r, "span_id": names.get(r["span_id"], r["span_id"]),
+             "parent_id": names.get(r["parent_id"], r["parent_id"])} for r in rows]
+
+
+def test_trees_of_other_id_forms_equal_those_of_hex_ids():
+    """Span ids of any form (an importer's, a user's table) give the parents that the same
+    spans with W3C hex ids give: the span and parent columns are ranked together."""
+    from _build import event, row, sid, table
+
+    from ttft.analysis.assemble import assemble
+    from ttft.analysis.attribution import attribute
+
+    rows = [row(1, 1, "client", 0, 1000, stage="client", clock="client"),
+            event(1, 5, "first_token", 1000, parent=1, clock="client"),
+            row(1, 2, "server", 100, 900, parent=1, stage="server"),
+            row(1, 3, "tokenize", 200, 300, parent=2, stage="tokenize"),
+            row(1, 4, "queue", 300, 700, parent=2, stage="queue"),
+            event(1, 6, "first_byte", 900, parent=2)]
+    names = {sid(1): "x", sid(2): "b", sid(3): "c", sid(4): "a-long-id", sid(5): "e",
+             sid(6): "f"}
+    hex_asm, other_asm = assemble(table(rows)), assemble(table(_renamed(rows, names)))
+    assert hex_asm.spans.parent.tolist() == [-1, 0, 1, 1]
+    assert other_asm.spans.parent.tolist() == hex_asm.spans.parent.tolist()
+    assert other_asm.spans.depth.tolist() == [0, 1, 2, 2]
+    for policy in ("exclusive", "critical-path"):
+        hex_att, other_att = (attribute(a, "client", policy) for a in (hex_asm, other_asm))
+        assert hex_att.attributed.equals(other_att.attributed)
+        assert hex_att.attributed.loc[0, "tokenize"] == 100
+        assert hex_att.covered.equals(other_att.covered)
