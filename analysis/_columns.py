@@ -150,16 +150,23 @@ def id_words(*picks: tuple[pa.ChunkedArray | pa.Array, np.ndarray | None]) -> li
     the id strings, equal words for equal ids across all the picks, and a non-null mask.
 
     Where every column holds only 16-character ids (the W3C hex form every OpenTelemetry
-    source writes) and nulls, the words are read straight from the Arrow buffer at the
-    chosen rows, big-endian, so numeric order is byte order of the strings. Otherwise the
-    chosen strings are ranked among all the picks' distinct strings together: ranks taken
-    per column would make a parent id equal to another span's id.
+    source writes) and nulls, the words are read straight from each chunk's Arrow buffer
+    at the chosen rows, big-endian, so numeric order is byte order of the strings (no
+    copy of the column). Otherwise the chosen strings are ranked among all the picks'
+    distinct strings together: ranks taken per column would make a parent id equal to
+    another span's id.
     """
-    arrays = [_id_array(col) for col, _ in picks]
-    fixed = [_fixed_ids(arr) for arr in arrays]
-    if all(f is not None for f in fixed):
-        return [_gather_words(f, rows, len(arr))
-                for f, arr, (_, rows) in zip(fixed, arrays, picks, strict=True)]
+    chunked = [col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col])
+               for col, _ in picks]
+    fixed: dict[int, list | None] = {}
+    for col in chunked:
+        if id(col) not in fixed:
+            found = [_fixed_ids(_id_array(c)) for c in col.chunks]
+            fixed[id(col)] = None if any(f is None for f in found) else found
+    if all(fixed[id(col)] is not None for col in chunked):
+        return [_gather_words(fixed[id(col)], [len(c) for c in col.chunks], rows)
+                for col, (_, rows) in zip(chunked, picks, strict=True)]
+    arrays = [_id_array(_array(col)) for col in chunked]
     chosen = [arr if rows is None else arr.take(pa.array(rows, type=pa.int64()))
               for arr, (_, rows) in zip(arrays, picks, strict=True)]
     joined = pa.concat_arrays(chosen) if chosen else pa.array([], pa.string())
@@ -174,53 +181,81 @@ def id_words(*picks: tuple[pa.ChunkedArray | pa.Array, np.ndarray | None]) -> li
             for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
-def _id_array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
-    arr = _array(col)
+def _id_array(arr: pa.Array) -> pa.Array:
     if pa.types.is_dictionary(arr.type) or pa.types.is_large_string(arr.type):
         arr = arr.cast(pa.string())
     return arr
 
 
 def _fixed_ids(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """The ``(k, 2)`` big-endian words of the k non-null values, in row order, and each
-    row's index among them (None without nulls); None unless every value has 16 bytes."""
+    """The ``(k, 2)`` big-endian words of the k non-null values of one chunk, in row order,
+    and each row's index among them (-1 for a null; None without nulls); None unless every
+    value has 16 bytes."""
     n = len(arr)
     if n == 0:
         return np.zeros((0, 2), ">u8"), None
+    if not pa.types.is_string(arr.type):
+        return None
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
     nulls = arr.null_count
     if int(offsets[-1] - offsets[0]) != 16 * (n - nulls):
         return None
     lengths = np.diff(offsets)
+    place = None
     if not nulls:
         if not np.all(lengths == 16):
             return None
-        place = None
     else:
-        present = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
-        if not np.all(lengths == np.where(present, 16, 0)):
+        bits = np.frombuffer(arr.buffers()[0], np.uint8)
+        present = np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + n].view(bool)
+        if not np.array_equal(lengths, present.astype(np.int32) << 4):
             return None
-        place = np.cumsum(present, dtype=np.int32) - 1  # rows < 2**31 (offsets are int32)
+        place = np.cumsum(present, dtype=np.int32) - 1  # chunks hold < 2**31 rows
         place[~present] = -1
-    raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])]
+    data = arr.buffers()[2]
+    if data is None:  # every value null (or empty)
+        return np.zeros((0, 2), ">u8"), place
+    raw = np.frombuffer(data, dtype=np.uint8)[int(offsets[0]) : int(offsets[-1])]
     return raw.view(">u8").reshape(-1, 2), place
 
 
-def _gather_words(fixed: tuple[np.ndarray, np.ndarray | None], rows: np.ndarray | None,
-                  n: int) -> Words:
-    words, place = fixed
-    if place is None:
-        picked = words if rows is None else words[rows]
-        present = np.ones(len(picked), bool)
-        return picked[:, 0].astype(np.uint64), picked[:, 1].astype(np.uint64), present
-    at = place if rows is None else place[rows]
-    present = at >= 0
-    high = np.zeros(len(at), np.uint64)
-    low = np.zeros(len(at), np.uint64)
-    if len(words):
-        picked = words[at[present]]
-        high[present], low[present] = picked[:, 0], picked[:, 1]
-    return high, low, present
+def _gather_words(fixed: list[tuple[np.ndarray, np.ndarray | None]], lengths: list[int],
+                  rows: np.ndarray | None) -> Words:
+    """`id_words` of one column from its chunks' `_fixed_ids`: rows sorted once (when they
+    are not), split at the chunk bounds, and read chunk by chunk."""
+    bounds = np.cumsum([0, *lengths])
+    if rows is None:
+        rows = np.arange(bounds[-1])
+    rows = np.asarray(rows, dtype=np.int64)
+    perm = None
+    if len(rows) > 1 and not np.all(rows[1:] >= rows[:-1]):
+        perm = np.argsort(rows, kind="stable")
+        rows = rows[perm]
+    cuts = np.searchsorted(rows, bounds)
+    high = np.zeros(len(rows), np.uint64)
+    low = np.zeros(len(rows), np.uint64)
+    present = np.zeros(len(rows), bool)
+    for i, (words, place) in enumerate(fixed):
+        a, b = cuts[i], cuts[i + 1]
+        if a == b:
+            continue
+        local = rows[a:b] - bounds[i]
+        if place is None:
+            picked = words[local]
+            high[a:b], low[a:b], present[a:b] = picked[:, 0], picked[:, 1], True
+            continue
+        at = place[local]
+        ok = at >= 0
+        present[a:b] = ok
+        if len(words):
+            picked = words[at]
+            high[a:b] = np.where(ok, picked[:, 0], 0)
+            low[a:b] = np.where(ok, picked[:, 1], 0)
+    if perm is None:
+        return high, low, present
+    back = np.empty_like(perm)
+    back[perm] = np.arange(len(perm))
+    return high[back], low[back], present[back]
 
 
 _BLANK = "[ \\t\\n\\r]*"  # JSON whitespace

@@ -194,14 +194,18 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     rows, req = rows[order], req[order]
     n_plain = len(span_rows)
     is_copy = order >= n_plain
-    # A gpu copy's parent is its chunk. Ids are read at these rows only (events and the
-    # engine's own spans never need theirs).
-    copy_parent = np.concatenate([span_rows, chunk_rows])[order][is_copy]
+    # Ids are read at these rows only (events and the engine's own spans never need
+    # theirs), in row order; a gpu copy's parent is its chunk.
     span_col = table.column("span_id")
-    (sid_hi, sid_lo, has_sid), (p_hi, p_lo, has_parent), (c_hi, c_lo, _) = col.id_words(
-        (span_col, rows), (table.column("parent_id"), rows), (span_col, copy_parent)
+    (s_hi, s_lo, s_has), (p_hi, p_lo, p_has), (g_hi, g_lo, g_has) = col.id_words(
+        (span_col, span_rows), (table.column("parent_id"), span_rows), (span_col, gpu_rows)
     )
-    p_hi[is_copy], p_lo[is_copy], has_parent[is_copy] = c_hi, c_lo, True
+    chunk_at = np.searchsorted(span_rows, chunk_rows)  # chunks are span rows
+    sid_hi, sid_lo = np.concatenate([s_hi, g_hi])[order], np.concatenate([s_lo, g_lo])[order]
+    has_sid = np.concatenate([s_has, g_has])[order]
+    p_hi = np.concatenate([p_hi, s_hi[chunk_at]])[order]
+    p_lo = np.concatenate([p_lo, s_lo[chunk_at]])[order]
+    has_parent = np.concatenate([p_has, np.ones(len(chunk_at), bool)])[order]
     counts = np.bincount(req, minlength=n_req)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     spans = Spans(
