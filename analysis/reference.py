@@ -29,7 +29,8 @@ class ReferenceSpan:
         end_ns: end before any clipping.
         stage: canonical stage name (a key of ``PRIORITY`` unless the span is the root).
         depth: depth in the request's full tree, root 0.
-        span_id: 16 lowercase hex characters; ties compare as strings.
+        span_id: the span id (16 lowercase hex characters in every ttft trace; any
+            string from other sources); ties compare as strings.
         parent: index into the request's span list of the nearest ancestor that takes part,
             ``-1`` for a child of the window root.
         cut: an interval ``(lo_ns, hi_ns)`` the span is clipped to before the window (the

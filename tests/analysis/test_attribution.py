@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -267,11 +268,25 @@ def sweep_view(spans, events, boundary):
     return a, b, root, out
 
 
+def other_id(n: int) -> str:
+    """A span id that is not 16-character hex, ordered unlike ``n`` (an importer's ids)."""
+    return f"span-{n * 7919 % 100_003}"
+
+
+def with_other_ids(rows: list[dict]) -> list[dict]:
+    def rename(value):
+        return None if value is None else other_id(int(value, 16))
+
+    return [{**r, "span_id": rename(r["span_id"]), "parent_id": rename(r["parent_id"])}
+            for r in rows]
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 10**9), st.integers(1, 6))
-def test_vectorized_equals_sweep(seed, n_requests):
+@given(st.integers(0, 10**9), st.integers(1, 6), st.booleans())
+def test_vectorized_equals_sweep(seed, n_requests, hex_ids):
     rows, truth = random_requests(seed, n_requests)
-    asm = assemble(table(rows))
+    span_id = (lambda n: format(n, "016x")) if hex_ids else other_id
+    asm = assemble(table(rows if hex_ids else with_other_ids(rows)))
     assert len(asm.requests) == n_requests
     order = np.argsort([int(t, 16) for t in asm.requests.trace_id])
     for boundary in BOUNDARY_NAMES:
@@ -285,6 +300,8 @@ def test_vectorized_equals_sweep(seed, n_requests):
                     assert trace not in got
                     continue
                 a, b, root, sweep_spans = view
+                sweep_spans = [dataclasses.replace(sp, span_id=span_id(int(sp.span_id, 16)))
+                               for sp in sweep_spans]
                 want = attribute_request(
                     sweep_spans,
                     a,
