@@ -39,6 +39,14 @@ def take(col: pa.ChunkedArray | pa.Array, rows: np.ndarray) -> pa.Array:
     return pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
 
 
+def among(codes: np.ndarray, wanted, size: int) -> np.ndarray:
+    """``codes`` (integers in ``[-1, size)``, -1 for none) that are one of ``wanted``, by a
+    lookup table: several times faster than ``np.isin`` over a column."""
+    table = np.zeros(size + 1, bool)  # the last entry answers for -1
+    table[list(wanted)] = True
+    return table[codes]
+
+
 def int64(col: pa.ChunkedArray | pa.Array, fill: int = 0) -> np.ndarray:
     """An int64 column as a numpy array, nulls replaced by ``fill``."""
     arr = _array(col)

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from ttft.analysis import _columns as col
 from ttft.analysis import clocks
-from ttft.analysis._trees import CODE
+from ttft.analysis._trees import CODE, N_STAGES
 from ttft.tracer.schema import (
     ATTR_STEP_ID,
     BOUNDARY_EVENTS,
@@ -67,10 +67,11 @@ def decode(table: pa.Table) -> Decoded:
     start = col.int64(table.column("start_ns"))
     end = col.int64(table.column("end_ns"))
     stage_raw, stage_values = col.codes(table.column("stage"))
-    lut = np.array([CODE.get(v, CODE["other"]) for v in stage_values] + [CODE["other"]])
-    stage = lut[stage_raw].astype(np.int8)
+    lut = np.array([CODE.get(v, CODE["other"]) for v in stage_values] + [CODE["other"]], np.int8)
+    stage = lut[stage_raw]
     clock_raw, clock_values = col.codes(table.column("clock"))
-    is_client = np.isin(clock_raw, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK])
+    is_client = col.among(clock_raw, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK],
+                          len(clock_values))
     present = (trace >= 0) & ~_nulls(table, "start_ns") & ~_nulls(table, "end_ns")
     present &= clocks.in_range(start) & clocks.in_range(end)
     backwards = present & (end < start)
@@ -113,7 +114,7 @@ def group(table: pa.Table, d: Decoded) -> Grouping:
     which are one request (they share a ``request_id``)."""
     n = table.num_rows
     n_traces = len(d.trace_values)
-    request_stage = np.isin(d.stage, [CODE[s] for s in REQUEST_STAGES])
+    request_stage = col.among(d.stage, [CODE[s] for s in REQUEST_STAGES], N_STAGES)
     marks = d.valid & request_stage
     boundary_event = np.zeros(n, bool)
     boundary_event[d.ev_rows] = (d.kind >= 0) & (d.kind < len(BOUNDARY_EVENTS))

@@ -24,7 +24,7 @@ from ttft.analysis import clocks
 from ttft.analysis._conditions import conditions, max_cached
 from ttft.analysis._grouping import clock_kinds, decode, group, step_keys
 from ttft.analysis._outcomes import request_outcomes
-from ttft.analysis._trees import CODE, MAX_NS, NONE_NS, Spans, resolve_trees
+from ttft.analysis._trees import CODE, MAX_NS, N_STAGES, NONE_NS, Spans, resolve_trees
 from ttft.analysis.quality import Quality, estimated_spans, rejected_spans
 from ttft.tracer.schema import (
     BOUNDARY_NAMES,
@@ -66,14 +66,14 @@ class Rows:
     def of(self, *stages: str, requests_only: bool = False) -> np.ndarray:
         """Indices of the valid rows whose stage is one of ``stages`` (only rows of a
         request with ``requests_only``), in table order."""
-        keep = self.valid & np.isin(self.stage, [CODE[s] for s in stages])
+        keep = self.valid & col.among(self.stage, [CODE[s] for s in stages], N_STAGES)
         if requests_only:
             keep &= self.req >= 0
         return np.flatnonzero(keep)
 
     def has_stage(self, rows: np.ndarray, *stages: str) -> np.ndarray:
         """Boolean mask over ``rows``: the row's stage is one of ``stages``."""
-        return np.isin(self.stage[rows], [CODE[s] for s in stages])
+        return col.among(self.stage[rows], [CODE[s] for s in stages], N_STAGES)
 
     def stage_names(self, rows: np.ndarray) -> np.ndarray:
         """The canonical stage name of each of ``rows`` (object array)."""
@@ -352,5 +352,5 @@ def _conditions(table: pa.Table, row_req: np.ndarray, stage: np.ndarray, n_req: 
     # Prefill spans decide only where the server span did not say: read only those.
     unsaid = np.zeros(n_req + 1, bool)  # the last entry: rows of no request
     unsaid[:n_req] = server < 0
-    prefill = np.isin(stage, [CODE["prefill"], CODE["prefill.chunk"]]) & unsaid[row_req]
+    prefill = col.among(stage, [CODE["prefill"], CODE["prefill.chunk"]], N_STAGES) & unsaid[row_req]
     return conditions(server, max_cached(attrs, np.flatnonzero(prefill), row_req, n_req))

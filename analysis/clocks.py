@@ -260,7 +260,7 @@ def row_shift(
     per_value = np.array([by_clock.get(v, 0) for v in clock_values] + [0], np.int64)
     shift = per_value[clock]
     gpu_values = [i for i, v in enumerate(clock_values) if v.startswith(GPU_CLOCK_PREFIX)]
-    is_gpu = np.isin(clock, gpu_values)
+    is_gpu = col.among(clock, gpu_values, len(clock_values))
     if not is_gpu.any():
         return shift
     host_value = np.array(
@@ -326,9 +326,11 @@ def estimate_offsets(table: pa.Table) -> list[ClockOffset]:
             valid &= np.asarray(pc.is_valid(table.column(name)).to_numpy(zero_copy_only=False))
 
     def stage_is(name: str) -> np.ndarray:
-        return np.isin(stage, [i for i, v in enumerate(stage_values) if v == name])
+        return col.among(stage, [i for i, v in enumerate(stage_values) if v == name],
+                         len(stage_values))
 
-    is_client = np.isin(clock, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK])
+    is_client = col.among(clock, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK],
+                          len(clock_values))
     ev_rows = np.flatnonzero(valid & stage_is("event"))
     ev_name, ev_values = col.codes(col.take(table.column("name"), ev_rows))
     kind = row_kinds(is_client, stage_is("client"), stage_is("server"), ev_rows, ev_name, ev_values)
