@@ -9,21 +9,57 @@ padding is needed, and no Python code runs per request.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
 
 import numpy as np
 
 ELEMENT_BUDGET = 4_000_000
 
 
+class Positions:
+    """Where one block's spans lie in the flat span arrays: ``index[i, j]`` is the flat
+    index of the ``j``-th span of the block's ``i``-th request. When the block's spans are
+    one contiguous run (assembly lays requests out by span count), `take` returns a
+    read-only view of it instead of a gathered copy, and `put` writes a slice."""
+
+    def __init__(self, offsets: np.ndarray, k: int):
+        self.shape = (len(offsets), k)
+        n = len(offsets)
+        run = n == 1 or (int(offsets[-1] - offsets[0]) == (n - 1) * k
+                         and bool(np.all(np.diff(offsets) == k)))
+        self._run = slice(int(offsets[0]), int(offsets[0]) + n * k) if run else None
+        self._offsets = offsets
+
+    @cached_property
+    def index(self) -> np.ndarray:
+        return self._offsets[:, None] + np.arange(self.shape[1])
+
+    def take(self, values: np.ndarray) -> np.ndarray:
+        """``values`` at the block's spans, shaped ``(requests, K)``."""
+        if self._run is None:
+            return values[self.index]
+        view = values[self._run].reshape(self.shape)
+        view.flags.writeable = False
+        return view
+
+    def put(self, values: np.ndarray, block: np.ndarray) -> None:
+        """Write ``block`` (``(requests, K)``) to ``values`` at the block's spans."""
+        if self._run is None:
+            values[self.index] = block
+        else:
+            values[self._run] = block.reshape(-1)
+
+
 def iter_blocks(
     counts: np.ndarray, offsets: np.ndarray, budget: int = ELEMENT_BUDGET
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield ``(request_ids, positions)``: ``positions[i, k]`` is the flat index of the
-    ``k``-th span of request ``request_ids[i]``.
+) -> Iterator[tuple[np.ndarray, Positions]]:
+    """Yield ``(request_ids, positions)``: where the spans of requests ``request_ids`` lie
+    (`Positions`).
 
     Args:
         counts: spans per request.
-        offsets: flat index of each request's first span (spans sorted by request).
+        offsets: flat index of each request's first span (a request's spans are
+            consecutive).
         budget: the most elements of an ``(rows, K, 2K + 2)`` array one block may need.
     """
     sizes = np.unique(counts)
@@ -31,10 +67,9 @@ def iter_blocks(
         k = int(k)
         ids = np.flatnonzero(counts == k)
         rows = max(1, budget // (k * (2 * k + 2)))
-        cols = np.arange(k)
         for lo in range(0, len(ids), rows):
             block = ids[lo : lo + rows]
-            yield block, offsets[block][:, None] + cols
+            yield block, Positions(offsets[block], k)
 
 
 def take_rows(values: np.ndarray, cols: np.ndarray, fill: int = 0) -> np.ndarray:

@@ -21,7 +21,9 @@ N_STAGES = len(STAGE_NAMES)
 
 @dataclass
 class Spans:
-    """Request-level spans (plus joined ``gpu`` copies), sorted by request.
+    """Request-level spans (plus joined ``gpu`` copies), grouped by request: a request's
+    spans are consecutive from ``offsets[request]``, and requests are laid out by span
+    count, then number (so each block of `_buckets.iter_blocks` is one run).
 
     All arrays have one entry per span; ``sid_hi``/``sid_lo`` are the span id as two
     words that compare like the id string; ``parent`` is the column of the parent inside the
@@ -73,16 +75,17 @@ def resolve_trees(
     request_level[[CODE[s] for s in REQUEST_STAGES]] = True
     for ids, pos in iter_blocks(spans.counts, spans.offsets):
         k = pos.shape[1]
-        hi, lo, hs = spans.sid_hi[pos], spans.sid_lo[pos], has_sid[pos]
-        start, end, stage = spans.start_ns[pos], spans.end_ns[pos], spans.stage[pos]
-        phi, plo, hp = psid[0][pos], psid[1][pos], has_parent[pos]
+        hi, lo, hs = pos.take(spans.sid_hi), pos.take(spans.sid_lo), pos.take(has_sid)
+        start, end, stage = pos.take(spans.start_ns), pos.take(spans.end_ns), pos.take(spans.stage)
+        phi, plo, hp = pos.take(psid[0]), pos.take(psid[1]), pos.take(has_parent)
+        client = pos.take(spans.client)
         # What tells copies of one span id apart, so the copy kept never depends on row order.
-        copy_key = (plo, phi, hp, spans.client[pos], stage, end, start)
+        copy_key = (plo, phi, hp, client, stage, end, start)
         parent, keep, found = _links(hi, lo, hs, phi, plo, hp, copy_key)
-        spans.parent[pos] = parent
-        spans.depth[pos] = _depths(parent)
-        spans.keep[pos] = keep
-        out["orphans"][ids] = (has_parent[pos] & ~found & keep).sum(axis=1)
+        pos.put(spans.parent, parent)
+        pos.put(spans.depth, _depths(parent))
+        pos.put(spans.keep, keep)
+        out["orphans"][ids] = (hp & ~found & keep).sum(axis=1)
         out["duplicates"][ids] = (~keep).sum(axis=1)
 
         for name in ("client", "server"):
@@ -103,7 +106,6 @@ def resolve_trees(
             sample.any(axis=1), end[np.arange(len(ids)), first], NONE_NS
         )
         # Request-level spans wholly outside their side's root span.
-        client = spans.client[pos]
         outside = np.zeros(pos.shape, bool)
         for name, side in (("client", client), ("server", ~client)):
             root = out[f"{name}_root"][ids][:, None]

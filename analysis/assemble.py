@@ -190,7 +190,13 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     chunk_rows, gpu_rows = joined
     rows = np.concatenate([span_rows, gpu_rows])
     req = np.concatenate([row_req[span_rows], row_req[chunk_rows]])
-    order = col.group_order(req, n_req)
+    # Requests laid out by span count, then request: each block of equal counts (_buckets)
+    # is then one contiguous run, read as a view instead of gathered.
+    counts = np.bincount(req, minlength=n_req)
+    by_count = np.argsort(counts, kind="stable")
+    place = np.empty(n_req, np.int64)
+    place[by_count] = np.arange(n_req)
+    order = col.group_order(place[req], n_req)
     rows, req = rows[order], req[order]
     n_plain = len(span_rows)
     is_copy = order >= n_plain
@@ -206,8 +212,8 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     p_hi = np.concatenate([p_hi, s_hi[chunk_at]])[order]
     p_lo = np.concatenate([p_lo, s_lo[chunk_at]])[order]
     has_parent = np.concatenate([p_has, np.ones(len(chunk_at), bool)])[order]
-    counts = np.bincount(req, minlength=n_req)
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    offsets = np.empty(n_req, np.int64)
+    offsets[by_count] = np.concatenate([[0], np.cumsum(counts[by_count])[:-1]])
     spans = Spans(
         req=req,
         start_ns=start[rows],

@@ -128,11 +128,16 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     out = {key: np.zeros((n_req, N_STAGES), np.int64) for key in ("att", "cov", "raw")}
     sp = asm.spans
     # A request without spans still has a window (events only): it is all root time.
-    counts = np.where(has, sp.counts, 0)
-    lone = np.flatnonzero(has & (counts == 0))
+    lone = np.flatnonzero(has & (sp.counts == 0))
     out["att"][lone, CODE[ROOT_ONLY_STAGE[boundary]]] = b[lone] - a[lone]
+    # When few requests lack the window, blocks run over all requests, so each is one run of
+    # the span arrays (read as views); the others get an empty window and their rows are
+    # dropped below. Otherwise only the windowed requests are gathered.
+    every = 8 * int((~has).sum()) <= n_req
+    counts = sp.counts if every else np.where(has, sp.counts, 0)
+    a_in, b_in = (np.where(has, a, 0), np.where(has, b, 0)) if every else (a, b)
     for ids, pos in iter_blocks(counts, sp.offsets):
-        block = _Block(sp, ids, pos, a, b, root, boundary, cut_lo, cut_hi, has_cut)
+        block = _Block(sp, ids, pos, a_in, b_in, root, boundary, cut_lo, cut_hi, has_cut)
         run = {"exclusive": block.exclusive, "shared": block.shared}
         out["att"][ids] = run.get(policy, block.critical_path)()
         out["raw"][ids] = block.raw()
@@ -168,10 +173,10 @@ class _Block:
         self.n, self.k = n, k
         self.a = a[ids][:, None]
         self.b = b[ids][:, None]
-        stage = sp.stage[pos].astype(np.int64)
-        client = sp.client[pos]
-        start, end = sp.start_ns[pos], sp.end_ns[pos]
-        inc = sp.keep[pos] & ELIGIBLE[boundary][stage]
+        stage = pos.take(sp.stage).astype(np.int64)
+        client = pos.take(sp.client)
+        start, end = pos.take(sp.start_ns), pos.take(sp.end_ns)
+        inc = pos.take(sp.keep) & ELIGIBLE[boundary][stage]
         if boundary != "client":
             inc &= ~client
         lo = np.maximum(start, self.a)
@@ -194,7 +199,7 @@ class _Block:
         self.is_root = is_root
         self.rootcol = rootcol
         self._sp, self._pos = sp, pos  # for what only some policies read (below)
-        self.depth = sp.depth[pos].astype(np.int64)
+        self.depth = pos.take(sp.depth).astype(np.int64)
         self.start = start
         prio = np.where(is_root, 0, _PRIO[stage])
         self.prio = np.where(inc, prio, -1)
@@ -202,13 +207,13 @@ class _Block:
     @cached_property
     def _sid(self) -> tuple[np.ndarray, np.ndarray]:
         """The span ids' two words (`Spans.sid_hi`, ``sid_lo``), read where ties need them."""
-        return self._sp.sid_hi[self._pos], self._sp.sid_lo[self._pos]
+        return self._pos.take(self._sp.sid_hi), self._pos.take(self._sp.sid_lo)
 
     # -- exclusive order and elementary segments -------------------------------------
     @cached_property
     def parent(self) -> np.ndarray:
         """Nearest included ancestor's column; else the root's (the virtual root: -1)."""
-        par = nearest_ancestor(self._sp.parent[self._pos], self.inc)
+        par = nearest_ancestor(self._pos.take(self._sp.parent), self.inc)
         par = np.where(~self.is_root & (par < 0), self.rootcol, par)
         return np.where(self.is_root, -1, par)
 

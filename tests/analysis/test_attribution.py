@@ -6,6 +6,7 @@ import dataclasses
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 from _build import event, row, table
 from hypothesis import given, settings
@@ -282,11 +283,13 @@ def with_other_ids(rows: list[dict]) -> list[dict]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 10**9), st.integers(1, 6), st.booleans())
+@given(st.integers(0, 10**9), st.integers(1, 12), st.booleans())
 def test_vectorized_equals_sweep(seed, n_requests, hex_ids):
     rows, truth = random_requests(seed, n_requests)
     span_id = (lambda n: format(n, "016x")) if hex_ids else other_id
-    asm = assemble(table(rows if hex_ids else with_other_ids(rows)))
+    # One clock for both sides (the generator's): from 10 requests on, the estimator would
+    # find an offset in the random server windows.
+    asm = assemble(table(rows if hex_ids else with_other_ids(rows)), offsets=[])
     assert len(asm.requests) == n_requests
     order = np.argsort([int(t, 16) for t in asm.requests.trace_id])
     for boundary in BOUNDARY_NAMES:
@@ -445,3 +448,30 @@ def test_step_join_copies_every_gpu_span_of_the_step(step):
     gpu = asm.spans.stage == STAGE_NAMES.index("gpu")
     assert sorted(asm.spans.start_ns[gpu].tolist()) == [62, 64]  # not the other service's
     assert parts("client", "exclusive", rows)["gpu"] == 12  # [62, 74)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_requests_without_a_window_change_no_other_request(seed):
+    """Whether blocks run over every request (few lack the window: those get an empty one
+    and are dropped) or over the windowed ones only (many lack it), the parts of the others
+    are the same as without the windowless requests at all."""
+    rows, _ = random_requests(seed, 16)
+
+    def trace_of(r):
+        return int(r["trace_id"], 16)
+
+    def without_first_token(traces):
+        return [r for r in rows if not (r["name"] == "first_token" and trace_of(r) in traces)]
+
+    def parts(table_rows, drop=()):
+        result = attribute(assemble(table(table_rows), offsets=[]), "client", "exclusive")
+        frames = {name: getattr(result, name).set_index(result.requests.trace_id)
+                  for name in ("attributed", "covered", "raw")}
+        assert not set(frames["attributed"].index) & {format(t, "032x") for t in drop}
+        return frames
+
+    alone = parts([r for r in rows if trace_of(r) > 4 or trace_of(r) >= 10_000])
+    for drop in ({1}, {1, 2, 3, 4}):  # 1 of 16 lacks the window: every request; 4: windowed
+        got = parts(without_first_token(drop), drop)
+        for name, frame in got.items():
+            pd.testing.assert_frame_equal(frame.loc[alone[name].index], alone[name])
