@@ -48,12 +48,16 @@ class Spans:
 def resolve_trees(
     spans: Spans,
     has_sid: np.ndarray,
-    psid: tuple[np.ndarray, np.ndarray],
+    psid: tuple[np.ndarray, np.ndarray, np.ndarray],
     has_parent: np.ndarray,
     n_req: int,
+    trace: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """Fill ``parent``, ``depth`` and ``keep`` per request block; return the roots and the
-    span-derived window ends per request."""
+    span-derived window ends per request.
+
+    ``trace`` is each span's trace code, ``psid`` its parent's id words and the trace to
+    find the parent in (`_links`)."""
     out = {
         name: np.full(n_req, fill, np.int64)
         for name, fill in (
@@ -78,10 +82,11 @@ def resolve_trees(
         hi, lo, hs = pos.take(spans.sid_hi), pos.take(spans.sid_lo), pos.take(has_sid)
         start, end, stage = pos.take(spans.start_ns), pos.take(spans.end_ns), pos.take(spans.stage)
         phi, plo, hp = pos.take(psid[0]), pos.take(psid[1]), pos.take(has_parent)
+        tr, ptr = pos.take(trace), pos.take(psid[2])
         client = pos.take(spans.client)
         # What tells copies of one span id apart, so the copy kept never depends on row order.
         copy_key = (plo, phi, hp, client, stage, end, start)
-        parent, keep, found = _links(hi, lo, hs, phi, plo, hp, copy_key)
+        parent, keep, found = _links(hi, lo, tr, hs, phi, plo, ptr, hp, copy_key)
         pos.put(spans.parent, parent)
         pos.put(spans.depth, _depths(parent))
         pos.put(spans.keep, keep)
@@ -176,18 +181,21 @@ _SMALL_BLOCK = 64
 (`_links_small`) rather than by sorting the block's ``(request, id)`` keys."""
 
 
-_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
-"""Odd multipliers folding an id's two words into one (wrapping uint64 arithmetic)."""
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F),
+        np.uint64(0x165667B19E3779F9))
+"""Odd multipliers folding an id's two words and its trace into one (wrapping uint64
+arithmetic)."""
 
 
-def _mixed(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+def _mixed(hi: np.ndarray, lo: np.ndarray, trace: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
-        return (hi * _MIX[0]) ^ (lo * _MIX[1]) ^ (hi >> np.uint64(29))
+        return ((hi * _MIX[0]) ^ (lo * _MIX[1]) ^ (hi >> np.uint64(29))
+                ^ (trace.astype(np.uint64) * _MIX[2]))
 
 
 def _links_small(
-    hi: np.ndarray, lo: np.ndarray, has: np.ndarray, phi: np.ndarray, plo: np.ndarray,
-    has_parent: np.ndarray,
+    hi: np.ndarray, lo: np.ndarray, tr: np.ndarray, has: np.ndarray, phi: np.ndarray,
+    plo: np.ndarray, ptr: np.ndarray, has_parent: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """`_links` by searching each request's sorted id words, for a block without a repeated
     span id in any
@@ -202,12 +210,12 @@ def _links_small(
     """
     n, k = hi.shape
     cols = np.arange(k, dtype=np.uint64)
-    word = np.where(has, _mixed(hi, lo), cols[None])
+    word = np.where(has, _mixed(hi, lo, tr), cols[None])
     by_word = np.argsort(word, axis=1)
     ordered = np.take_along_axis(word, by_word, axis=1)
     if (ordered[:, 1:] == ordered[:, :-1]).any():
         return None
-    asked = _mixed(phi, plo)
+    asked = _mixed(phi, plo, ptr)
     # Each asked word's place in its row's sorted words, by a binary search on all rows at
     # once: log2(K) gathers instead of comparing every pair.
     flat = ordered.ravel()
@@ -226,7 +234,7 @@ def _links_small(
     at = (base + np.maximum(parent, 0)).ravel()  # flat, always inside the row
     same = (
         has.ravel().take(at) & (hi.ravel().take(at) == phi.ravel())
-        & (lo.ravel().take(at) == plo.ravel())
+        & (lo.ravel().take(at) == plo.ravel()) & (tr.ravel().take(at) == ptr.ravel())
     ).reshape(n, k)
     parent = np.where(has_parent & (parent >= 0) & same & (parent != np.arange(k)[None]),
                       parent, -1)
@@ -252,14 +260,21 @@ def _copies_first(order: np.ndarray, first: np.ndarray, copy_key: tuple[np.ndarr
 def _links(
     hi: np.ndarray,
     lo: np.ndarray,
+    tr: np.ndarray,
     has: np.ndarray,
     phi: np.ndarray,
     plo: np.ndarray,
+    ptr: np.ndarray,
     has_parent: np.ndarray,
     copy_key: tuple[np.ndarray, ...],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per ``(requests, K)`` block: the parent column of every span (-1 none), ``keep``
     (false for all but one copy of a duplicated span id) and whether the parent was found.
+
+    A span is named by its id within its trace (``tr``: the trace's code); its parent is
+    looked up in trace ``ptr`` (its own; a joined gpu copy's is its chunk's). Span ids are
+    unique per trace only: a request of several traces (joined by request id, or an
+    engine's gpu spans joined by step) may hold one id twice without a duplicate.
 
     Of the copies of one span id the one kept is the first by ``copy_key`` (``np.lexsort``
     keys, the last one primary: start, end, ...), then by column; copies equal in every key
@@ -272,18 +287,19 @@ def _links(
     """
     n, k = hi.shape
     if k <= _SMALL_BLOCK:
-        small = _links_small(hi, lo, has, phi, plo, has_parent)
+        small = _links_small(hi, lo, tr, has, phi, plo, ptr, has_parent)
         if small is not None:
             return small
     row = np.repeat(np.arange(n), k)
-    hi_f, lo_f = hi.ravel(), lo.ravel()
+    hi_f, lo_f, tr_f = hi.ravel(), lo.ravel(), tr.ravel()
     with_id = np.flatnonzero(has.ravel())
-    # Sort by (request, id) only; ids are random, so copies are rare: the copy keys order
-    # just the groups of copies (the common block has none and skips that sort).
-    order = with_id[np.lexsort((lo_f[with_id], hi_f[with_id], row[with_id]))]
+    # Sort by (request, trace, id) only; ids are random, so copies are rare: the copy keys
+    # order just the groups of copies (the common block has none and skips that sort).
+    order = with_id[np.lexsort((lo_f[with_id], hi_f[with_id], tr_f[with_id], row[with_id]))]
     first = np.ones(len(order), bool)
     first[1:] = (
         (row[order][1:] != row[order][:-1])
+        | (tr_f[order][1:] != tr_f[order][:-1])
         | (hi_f[order][1:] != hi_f[order][:-1])
         | (lo_f[order][1:] != lo_f[order][:-1])
     )
@@ -291,16 +307,17 @@ def _links(
     if not first.all():
         order = _copies_first(order, first, copy_key)
     keep[order[~first]] = False
-    kept = order[first]  # one copy per (request, id), sorted by (request, hi, lo)
+    kept = order[first]  # one copy per (request, trace, id), sorted by those
     asking = np.flatnonzero(has_parent.ravel())
     parent = np.full(n * k, -1, np.int64)
     if len(kept) and len(asking):
         # Queries after the kept ids of equal key: each looks back at the last kept id.
         keys_row = np.concatenate([row[kept], row[asking]])
+        keys_tr = np.concatenate([tr_f[kept], ptr.ravel()[asking]])
         keys_hi = np.concatenate([hi_f[kept], phi.ravel()[asking]])
         keys_lo = np.concatenate([lo_f[kept], plo.ravel()[asking]])
         is_query = np.repeat([False, True], [len(kept), len(asking)])
-        merged = np.lexsort((is_query, keys_lo, keys_hi, keys_row))
+        merged = np.lexsort((is_query, keys_lo, keys_hi, keys_tr, keys_row))
         last_kept = np.maximum.accumulate(np.where(is_query[merged], -1, np.arange(len(merged))))
         queries = np.flatnonzero(is_query[merged])
         back = last_kept[queries]
@@ -309,6 +326,7 @@ def _links(
         match = (
             (back >= 0)
             & (keys_row[source] == keys_row[target])
+            & (keys_tr[source] == keys_tr[target])
             & (keys_hi[source] == keys_hi[target])
             & (keys_lo[source] == keys_lo[target])
         )

@@ -228,7 +228,12 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         counts=counts,
         offsets=offsets,
     )
-    windows = resolve_trees(spans, has_sid, (p_hi, p_lo), has_parent, n_req)
+    # Span ids are unique per trace: a span is its (trace, id), and a gpu copy, which keeps
+    # its engine trace, finds its parent (its chunk) in the chunk's trace.
+    span_trace = trace[rows]
+    parent_trace = trace[np.concatenate([span_rows, chunk_rows])[order]]
+    windows = resolve_trees(spans, has_sid, (p_hi, p_lo, parent_trace), has_parent, n_req,
+                            span_trace)
     _add_tree_examples(quality, windows, trace_values, first_trace)
 
     # Events: boundary ends and client token times.

@@ -20,7 +20,10 @@ def block(seed: int, n: int, k: int, repeated: bool):
     key = (plo, phi, has_parent, rng.random((n, k)) < 0.5,
            rng.integers(0, 3, (n, k)).astype(np.int8), rng.integers(0, 4, (n, k)),
            rng.integers(0, 4, (n, k)))
-    return hi, lo, has, phi, plo, has_parent, key
+    # Two traces per request, parents mostly asked in the span's own trace.
+    tr = rng.integers(0, 2, (n, k)).astype(np.int32)
+    ptr = np.where(rng.random((n, k)) < 0.8, tr, 1 - tr).astype(np.int32)
+    return hi, lo, tr, has, phi, plo, ptr, has_parent, key
 
 
 @pytest.mark.parametrize("k", [1, 2, 7, 24, 64])
@@ -92,3 +95,67 @@ def test_trees_of_other_id_forms_equal_those_of_hex_ids():
         assert hex_att.attributed.equals(other_att.attributed)
         assert hex_att.attributed.loc[0, "tokenize"] == 100
         assert hex_att.covered.equals(other_att.covered)
+
+
+@pytest.mark.parametrize("k", [1, 3, 24])
+def test_parents_are_the_span_of_that_id_in_the_asked_trace(k):
+    """Against a brute-force search: a span's parent is the other span whose (trace, id)
+    is the (trace, parent id) it asks for; ids unique per (trace, id) in each request."""
+    for seed in range(3):
+        hi, lo, tr, has, phi, plo, ptr, has_parent, key = block(seed, 200, k, False)
+        parent, keep, found = trees._links(hi, lo, tr, has, phi, plo, ptr, has_parent, key)
+        assert keep.all()
+        for r in range(hi.shape[0]):
+            for c in range(k):
+                want = [j for j in range(k) if j != c and has[r, j] and has_parent[r, c]
+                        and (tr[r, j], hi[r, j], lo[r, j]) == (ptr[r, c], phi[r, c], plo[r, c])]
+                assert parent[r, c] == (want[0] if want else -1)
+
+
+def _parts(rows, boundary):
+    from _build import table
+
+    from ttft.analysis.assemble import assemble
+    from ttft.analysis.attribution import attribute
+
+    asm = assemble(table(rows))
+    result = attribute(asm, boundary, "exclusive")
+    return asm.quality.counts["duplicate_span_id"], result.attributed.to_dict("records")
+
+
+def test_an_engine_gpu_span_may_reuse_an_id_of_the_request_trace():
+    """Span ids are unique per trace: the gpu span of an engine trace joined into a request
+    whose own trace has a span of the same id is neither a duplicate nor changes a part."""
+    from _build import event, row
+
+    def build(gpu_span):
+        return [row(1, 1, "server", 0, 100), row(1, 2, "queue", 0, 10, parent=1),
+                row(1, 3, "prefill.chunk", 10, 60, parent=1, step_id=7),
+                row(1, 4, "sample", 60, 70, parent=1), event(1, 5, "first_byte", 80, parent=1),
+                row(2, 1, "step", 5, 65), row(2, gpu_span, "gpu", 20, 65, parent=1, step_id=7)]
+
+    want = _parts(build(99), "server")
+    assert want[0] == 0 and want[1][0]["gpu"] == 45
+    for reused in (2, 3, 4):
+        assert _parts(build(reused), "server") == want
+
+
+def test_a_request_of_two_traces_may_reuse_span_ids_across_them():
+    """A client trace and a server trace joined by request id (context lost) whose span ids
+    overlap: no duplicates, the same parts as with distinct ids."""
+    from _build import event, row
+
+    def build(base):
+        client = {"clock": "client", "service": "loadgen"}
+        return [row(1, 1, "client", 0, 200, request_id="r1", **client),
+                row(1, 2, "connect", 0, 5, parent=1, **client),
+                event(1, 3, "first_token", 150, parent=1, **client),
+                row(2, base, "server", 10, 190, request_id="r1"),
+                row(2, base + 1, "tokenize", 12, 20, parent=base, request_id="r1"),
+                row(2, base + 2, "queue", 20, 40, parent=base, request_id="r1"),
+                event(2, base + 3, "first_byte", 120, parent=base, request_id="r1")]
+
+    for boundary in ("client", "server"):
+        want = _parts(build(100), boundary)
+        assert want[0] == 0 and want[1][0]["queue"] == 20
+        assert _parts(build(1), boundary) == want
