@@ -198,15 +198,15 @@ def _links_small(
     plo: np.ndarray, ptr: np.ndarray, has_parent: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """`_links` by searching each request's sorted id words, for a block without a repeated
-    span id in any
-    request (None otherwise: choosing which copy to keep is the sorting path's job). With
-    unique ids there is nothing to drop, and a span's parent is the one other span of its
-    request whose id is its ``parent_id``.
+    (trace, span id) in any request (None otherwise: choosing which copy to keep is the
+    sorting path's job). With unique ids there is nothing to drop, and a span's parent is
+    the one other span of its request whose (trace, id) is its (``ptr``, ``parent_id``).
 
-    Ids are compared as one folded word each (`_mixed`; a span without an id gets a word
-    of its own column). Two spans of a request with one word are a repeated id or a
-    collision, and both go to the sorting path; otherwise a word names at most one span,
-    whose whole id is then checked, so a fold never links a span to the wrong parent.
+    Ids are compared as one folded word each, the trace folded in (`_mixed`; a span
+    without an id gets a word of its own column). Two spans of a request with one word are
+    a repeated id or a collision, and both go to the sorting path; otherwise a word names
+    at most one span, whose whole id and trace are then checked, so a fold never links a
+    span to the wrong parent.
     """
     n, k = hi.shape
     cols = np.arange(k, dtype=np.uint64)
