@@ -109,11 +109,14 @@ def failure_details(attributes: pa.ChunkedArray, rows: np.ndarray) -> tuple[list
 
 
 def request_outcomes(
-    attributes: pa.ChunkedArray, client_rows: np.ndarray, req: np.ndarray, n_req: int
+    attributes: pa.ChunkedArray, client_rows: np.ndarray, req: np.ndarray, n_req: int,
+    start: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per request: its outcome (None without a client span), status code and error (None
-    for ``ok``). A request with several client spans takes the first failed one's (by row),
-    else ``ok``."""
+    for ``ok``). A request with several client spans (client traces joined by request id)
+    is failed when any of them failed, and takes the failure of the one that started first
+    (``start``, per row), ties broken by outcome, status and error: by value, never by row
+    order."""
     outcome = np.full(n_req, None, dtype=object)
     status = np.full(n_req, None, dtype=object)
     error = np.full(n_req, None, dtype=object)
@@ -123,8 +126,14 @@ def request_outcomes(
     failed = np.flatnonzero(kinds != OUTCOME_OK)
     if len(failed):
         codes, texts = failure_details(attributes, client_rows[failed])
-        last_first = failed[::-1]  # numpy writes repeated indices in order: the first wins
-        outcome[owner[last_first]] = kinds[last_first]
-        status[owner[last_first]] = np.asarray(codes[::-1], dtype=object)
-        error[owner[last_first]] = np.asarray(texts[::-1], dtype=object)
+        keys = [
+            (int(start[client_rows[f]]), str(kinds[f]), -1 if c is None else c, t or "", i)
+            for i, (f, c, t) in enumerate(zip(failed.tolist(), codes, texts, strict=True))
+        ]
+        chosen: dict[int, int] = {}
+        for key in sorted(keys):
+            chosen.setdefault(int(owner[failed[key[-1]]]), key[-1])
+        for request, i in chosen.items():
+            outcome[request] = kinds[failed[i]]
+            status[request], error[request] = codes[i], texts[i]
     return outcome, status, error

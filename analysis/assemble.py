@@ -254,7 +254,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     requests.insert(2, "condition", _conditions(table, row_req, stage, n_req))
     client_rows = np.flatnonzero(valid & (row_req >= 0) & (stage == CODE["client"]))
     outcome, status, error = request_outcomes(
-        table.column("attributes"), client_rows, row_req, n_req
+        table.column("attributes"), client_rows, row_req, n_req, start
     )
     requests.insert(3, "outcome", outcome)
     requests.insert(4, "status_code", status)

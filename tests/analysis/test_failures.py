@@ -142,3 +142,16 @@ def test_outcomes_found_by_substrings_equal_the_rules(texts):
     rows = np.arange(len(texts))
     want = _by_rules(attributes, rows, attributes.chunk(0))
     assert client_outcomes(attributes, rows).tolist() == want.tolist()
+
+
+def test_a_request_of_two_failed_client_spans_takes_the_first_started_whatever_the_row_order():
+    # Two client traces joined by request id (a retry): one timed out, the later one shed.
+    rows = client(20, None, outcome="timeout", error="timed out after 5 s", request_id="r")
+    rows += client(21, None, outcome="shed", status_code=429, error="HTTP 429: busy",
+                   request_id="r")
+    outcomes = set()
+    for order in (rows, rows[::-1], rows[2:] + rows[:2]):
+        req = assemble(table(order)).requests
+        assert len(req) == 1
+        outcomes.add((req["outcome"][0], req["status_code"][0], req["error"][0]))
+    assert outcomes == {("timeout", None, "timed out after 5 s")}
