@@ -81,6 +81,15 @@ def codes(col: pa.ChunkedArray | pa.Array, *, runs: bool = False
     return out, values
 
 
+def blank_as_null(found: tuple[np.ndarray, list[str]]) -> tuple[np.ndarray, list[str]]:
+    """`codes` with the empty string's code, if any, turned into -1: an empty id names
+    nothing, as a null does (the value stays in the list, unused)."""
+    codes_, values = found
+    if "" in values:
+        codes_ = np.where(codes_ == values.index(""), np.int32(-1), codes_)
+    return codes_, values
+
+
 def _run_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]] | None:
     """`codes` of a string column whose equal values mostly sit in runs (a trace's rows are
     written together): equal neighbours are found by Arrow's string comparison, and only
@@ -182,7 +191,9 @@ def id_words(*picks: tuple[pa.ChunkedArray | pa.Array, np.ndarray | None]) -> li
     rank = np.empty(len(enc.dictionary), dtype=np.uint64)
     rank[np.asarray(pc.sort_indices(enc.dictionary))] = np.arange(len(enc.dictionary))
     idx = np.asarray(pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False))
-    valid = np.asarray(pc.is_valid(joined).to_numpy(zero_copy_only=False), dtype=bool)
+    # An empty string names no span, as a null does.
+    valid = np.asarray(pc.fill_null(pc.greater(pc.binary_length(joined), 0), False)
+                       .to_numpy(zero_copy_only=False), dtype=bool)
     high = np.where(valid, rank[idx] if len(rank) else 0, 0).astype(np.uint64)
     cuts = np.cumsum([0] + [len(c) for c in chosen])
     return [(high[a:b], np.zeros(b - a, np.uint64), valid[a:b])
@@ -197,8 +208,8 @@ def _id_array(arr: pa.Array) -> pa.Array:
 
 def _fixed_ids(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
     """The ``(k, 2)`` big-endian words of the k non-null values of one chunk, in row order,
-    and each row's index among them (-1 for a null; None without nulls); None unless every
-    value has 16 bytes."""
+    and each row's index among them (-1 for a null or an empty string, which names no span;
+    None without either); None unless every other value has 16 bytes."""
     n = len(arr)
     if n == 0:
         return np.zeros((0, 2), ">u8"), None
@@ -206,16 +217,17 @@ def _fixed_ids(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
         return None
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
     nulls = arr.null_count
-    if int(offsets[-1] - offsets[0]) != 16 * (n - nulls):
-        return None
     lengths = np.diff(offsets)
     place = None
-    if not nulls:
+    if not nulls and int(offsets[-1] - offsets[0]) == 16 * n:
         if not np.all(lengths == 16):
             return None
     else:
-        bits = np.frombuffer(arr.buffers()[0], np.uint8)
-        present = np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + n].view(bool)
+        present = lengths == 16
+        if nulls:
+            bits = np.frombuffer(arr.buffers()[0], np.uint8)
+            present &= np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + n].view(bool)
+        # The other rows hold no bytes: nulls, and empty strings, which name no span.
         if not np.array_equal(lengths, present.astype(np.int32) << 4):
             return None
         place = np.cumsum(present, dtype=np.int32) - 1  # chunks hold < 2**31 rows

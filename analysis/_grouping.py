@@ -63,7 +63,7 @@ class Decoded:
 
 def decode(table: pa.Table) -> Decoded:
     """Decode a span table (``tracer.schema.SPAN_SCHEMA``)."""
-    trace, trace_values = col.codes(table.column("trace_id"), runs=True)
+    trace, trace_values = col.blank_as_null(col.codes(table.column("trace_id"), runs=True))
     start = col.int64(table.column("start_ns"))
     end = col.int64(table.column("end_ns"))
     stage_raw, stage_values = col.codes(table.column("stage"))
@@ -120,7 +120,7 @@ def group(table: pa.Table, d: Decoded) -> Grouping:
     boundary_event[d.ev_rows] = (d.kind >= 0) & (d.kind < len(BOUNDARY_EVENTS))
     trace_is_req = np.zeros(n_traces, bool)
     trace_is_req[d.trace[marks | boundary_event]] = True
-    rid, rid_values = col.codes(table.column("request_id"))
+    rid, rid_values = col.blank_as_null(col.codes(table.column("request_id")))
     with_rid = d.valid & (rid >= 0) & trace_is_req[np.maximum(d.trace, 0)]
     # A trace holding several request ids joins by the smallest; a request of several
     # traces is named by the smallest trace id: never by row order.

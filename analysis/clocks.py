@@ -316,7 +316,7 @@ def estimate_offsets(table: pa.Table) -> list[ClockOffset]:
     n = table.num_rows
     if n == 0:
         return []
-    trace, _ = col.codes(table.column("trace_id"), runs=True)
+    trace, _ = col.blank_as_null(col.codes(table.column("trace_id"), runs=True))
     stage, stage_values = col.codes(table.column("stage"))
     clock, clock_values = col.codes(table.column("clock"))
     start, end = col.int64(table.column("start_ns")), col.int64(table.column("end_ns"))
@@ -347,7 +347,7 @@ def _requests(
     n_traces = int(trace.max(initial=-1)) + 1
     is_req = np.zeros(n_traces + 1, bool)
     is_req[trace[marks]] = True
-    rid, rid_values = col.codes(table.column("request_id"))
+    rid, rid_values = col.blank_as_null(col.codes(table.column("request_id")))
     with_rid = valid & (rid >= 0) & is_req[trace]
     rid_of_trace = col.smallest_by_value(trace[with_rid], rid[with_rid], rid_values, n_traces)
     req_traces = np.flatnonzero(is_req[:n_traces])

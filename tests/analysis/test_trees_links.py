@@ -159,3 +159,43 @@ def test_a_request_of_two_traces_may_reuse_span_ids_across_them():
         want = _parts(build(100), boundary)
         assert want[0] == 0 and want[1][0]["queue"] == 20
         assert _parts(build(1), boundary) == want
+
+
+@pytest.mark.parametrize("hex_ids", [True, False])
+def test_empty_ids_mean_none_as_nulls_do(hex_ids):
+    """An empty ``span_id``, ``parent_id``, ``request_id`` or ``trace_id`` names nothing:
+    the assembly, defects and parts equal those of the same table with nulls there."""
+    from _build import event, row, table
+
+    from ttft.analysis.assemble import assemble
+    from ttft.analysis.attribution import attribute
+
+    rows = [row(1, 1, "server", 0, 100), row(1, 2, "queue", 0, 10, parent=1),
+            row(1, None, "tokenize", 10, 20, parent=1),
+            row(1, None, "prefill", 20, 60, parent=1),  # two spans without ids: no duplicate
+            row(1, 5, "sample", 60, 70),  # no parent id: a child of the root, no defect
+            event(1, 6, "first_byte", 80, parent=1),
+            row(2, 1, "server", 0, 50), event(2, 2, "first_byte", 40, parent=1),
+            row(3, 1, "server", 0, 60), event(3, 2, "first_byte", 30, parent=1),
+            row(4, 1, "server", 0, 60)]
+    rows[-1]["trace_id"] = None  # a row without a trace
+    if not hex_ids:
+        for r in rows:
+            for key in ("span_id", "parent_id"):
+                if r[key] is not None:
+                    r[key] = f"s-{int(r[key], 16)}"
+    blank = [dict(r) for r in rows]
+    for r in blank:
+        for key in ("span_id", "parent_id", "request_id", "trace_id"):
+            if r[key] is None:
+                r[key] = ""
+    want, got = assemble(table(rows)), assemble(table(blank))
+    assert len(got.requests) == len(want.requests) == 3  # "" request ids join nothing
+    assert got.quality.counts == want.quality.counts
+    assert got.quality.counts["duplicate_span_id"] == 0
+    assert got.quality.counts["orphan_parent"] == 0
+    assert got.quality.counts["missing_field"] == 1
+    assert got.spans.parent.tolist() == want.spans.parent.tolist()
+    w, g = attribute(want, "server", "exclusive"), attribute(got, "server", "exclusive")
+    assert g.attributed.equals(w.attributed)
+    assert g.attributed.loc[0, "prefill"] == 40
