@@ -90,6 +90,32 @@ def blank_as_null(found: tuple[np.ndarray, list[str]]) -> tuple[np.ndarray, list
     return codes_, values
 
 
+def trace_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
+    """`codes` of a ``trace_id`` column as every step groups it: by runs, an empty id as
+    null (`blank_as_null`), hex ids without case (`fold_hex_case`)."""
+    return fold_hex_case(blank_as_null(codes(column, runs=True)))
+
+
+def fold_hex_case(found: tuple[np.ndarray, list[str]]) -> tuple[np.ndarray, list[str]]:
+    """`codes` with hex values that differ only in case made one (the lowercase value, in
+    order of first appearance): OTLP's JSON form allows either case. Lowercase hex bytes
+    all hold bit 0x20, so one AND over the values' bytes clears the usual case."""
+    codes_, values = found
+    if not values:
+        return found
+    data = np.frombuffer("".join(values).encode(), np.uint8)
+    if np.bitwise_and.reduce(data, initial=np.uint8(255)) & 0x20:
+        return found
+    arr = pa.array(values, pa.string())
+    is_hex = pc.fill_null(pc.match_substring_regex(arr, "^[0-9A-Fa-f]+$"), False)
+    lowered = pc.if_else(is_hex, pc.utf8_lower(arr), arr)
+    if lowered.equals(arr):
+        return found
+    merged, uniques = pd.factorize(np.asarray(lowered.to_pylist(), dtype=object))
+    merged = merged.astype(np.int32)
+    return np.where(codes_ >= 0, merged[np.maximum(codes_, 0)], np.int32(-1)), list(uniques)
+
+
 def _run_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]] | None:
     """`codes` of a string column whose equal values mostly sit in runs (a trace's rows are
     written together): equal neighbours are found by Arrow's string comparison, and only
@@ -181,15 +207,22 @@ def id_words(*picks: tuple[pa.ChunkedArray | pa.Array, np.ndarray | None]) -> li
             found = [_fixed_ids(_id_array(c)) for c in col.chunks]
             fixed[id(col)] = None if any(f is None for f in found) else found
     if all(fixed[id(col)] is not None for col in chunked):
-        return [_gather_words(fixed[id(col)], [len(c) for c in col.chunks], rows)
+        return [_lower_hex_words(*_gather_words(fixed[id(col)], [len(c) for c in col.chunks],
+                                                rows))
                 for col, (_, rows) in zip(chunked, picks, strict=True)]
     arrays = [_id_array(_array(col)) for col in chunked]
     chosen = [arr if rows is None else arr.take(pa.array(rows, type=pa.int64()))
               for arr, (_, rows) in zip(arrays, picks, strict=True)]
     joined = pa.concat_arrays(chosen) if chosen else pa.array([], pa.string())
     enc = pc.dictionary_encode(joined)
-    rank = np.empty(len(enc.dictionary), dtype=np.uint64)
-    rank[np.asarray(pc.sort_indices(enc.dictionary))] = np.arange(len(enc.dictionary))
+    # Hex ids compare without case (OTLP's JSON form allows either): the distinct values
+    # that are hex are lowered, and those that then agree get one rank.
+    values = enc.dictionary
+    is_hex = pc.fill_null(pc.match_substring_regex(values, "^[0-9A-Fa-f]+$"), False)
+    folded = pc.dictionary_encode(pc.if_else(is_hex, pc.utf8_lower(values), values))
+    rank = np.empty(len(folded.dictionary), dtype=np.uint64)
+    rank[np.asarray(pc.sort_indices(folded.dictionary))] = np.arange(len(folded.dictionary))
+    rank = rank[np.asarray(folded.indices, dtype=np.int64)] if len(rank) else rank
     idx = np.asarray(pc.fill_null(enc.indices, 0).to_numpy(zero_copy_only=False))
     # An empty string names no span, as a null does.
     valid = np.asarray(pc.fill_null(pc.greater(pc.binary_length(joined), 0), False)
@@ -198,6 +231,30 @@ def id_words(*picks: tuple[pa.ChunkedArray | pa.Array, np.ndarray | None]) -> li
     cuts = np.cumsum([0] + [len(c) for c in chosen])
     return [(high[a:b], np.zeros(b - a, np.uint64), valid[a:b])
             for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+_HEX_CASE = np.uint64(0x2020202020202020)  # the bit that sets a letter lower, per byte
+
+
+def _lower_hex_words(high: np.ndarray, low: np.ndarray, present: np.ndarray) -> Words:
+    """16-character ids (as words) that are hex, lowered: OTLP's JSON form allows either
+    case, and one id written both ways is one span. Lowercase hex bytes (``0-9a-f``) all
+    hold bit 0x20, so one AND over the words says whether any id needs a look (none, in
+    what OpenTelemetry writes); ids of other forms keep their case."""
+    ones = np.uint64(2**64 - 1)
+    every = (np.bitwise_and.reduce(high, where=present, initial=ones)
+             & np.bitwise_and.reduce(low, where=present, initial=ones))
+    if every & _HEX_CASE == _HEX_CASE:
+        return high, low, present
+    both = high & low  # a byte of either lacks 0x20 where this byte does
+    look = np.flatnonzero(present & ((both & _HEX_CASE) != _HEX_CASE))
+    raw = np.stack([high[look], low[look]], axis=1).astype(">u8").view(np.uint8).reshape(-1, 16)
+    hexed = (((raw >= 0x30) & (raw <= 0x39)) | ((raw | 0x20) >= 0x61) & ((raw | 0x20) <= 0x66))
+    fold = look[hexed.all(axis=1)]
+    high, low = high.copy(), low.copy()
+    high[fold] |= _HEX_CASE
+    low[fold] |= _HEX_CASE
+    return high, low, present
 
 
 def _id_array(arr: pa.Array) -> pa.Array:

@@ -63,7 +63,7 @@ class Decoded:
 
 def decode(table: pa.Table) -> Decoded:
     """Decode a span table (``tracer.schema.SPAN_SCHEMA``)."""
-    trace, trace_values = col.blank_as_null(col.codes(table.column("trace_id"), runs=True))
+    trace, trace_values = col.trace_codes(table.column("trace_id"))
     start = col.int64(table.column("start_ns"))
     end = col.int64(table.column("end_ns"))
     stage_raw, stage_values = col.codes(table.column("stage"))

@@ -316,7 +316,7 @@ def estimate_offsets(table: pa.Table) -> list[ClockOffset]:
     n = table.num_rows
     if n == 0:
         return []
-    trace, _ = col.blank_as_null(col.codes(table.column("trace_id"), runs=True))
+    trace, _ = col.trace_codes(table.column("trace_id"))
     stage, stage_values = col.codes(table.column("stage"))
     clock, clock_values = col.codes(table.column("clock"))
     start, end = col.int64(table.column("start_ns")), col.int64(table.column("end_ns"))
@@ -367,7 +367,7 @@ def apply_offsets(table: pa.Table, offsets: Sequence[ClockOffset]) -> pa.Table:
         clock,
         clock_values,
         offsets,
-        lambda: col.codes(table.column("trace_id"), runs=True)[0],
+        lambda: col.trace_codes(table.column("trace_id"))[0],
         lambda: col.codes(table.column("service"))[0],
     )
     if shift is None or table.num_rows == 0:

@@ -78,7 +78,7 @@ def global_steps(surveys: Sequence[Survey], offsets: Sequence[clocks.ClockOffset
     steps = pa.concat_tables([survey.steps for survey in surveys])
     clock, clock_values = col.codes(steps.column("clock"))
     shift = clocks.row_shift(clock, clock_values, offsets,
-                             lambda: col.codes(steps.column("trace_id"), runs=True)[0],
+                             lambda: col.trace_codes(steps.column("trace_id"))[0],
                              lambda: col.codes(steps.column("service"))[0])
     times = {name: col.int64(steps.column(name)) for name in ("start_ns", "end_ns")}
     if shift is not None:

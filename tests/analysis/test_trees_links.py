@@ -199,3 +199,46 @@ def test_empty_ids_mean_none_as_nulls_do(hex_ids):
     w, g = attribute(want, "server", "exclusive"), attribute(got, "server", "exclusive")
     assert g.attributed.equals(w.attributed)
     assert g.attributed.loc[0, "prefill"] == 40
+
+
+@pytest.mark.parametrize("width", [16, 6])
+def test_hex_ids_match_whatever_their_case_and_other_ids_keep_theirs(width):
+    """OTLP's JSON form writes hex ids in either case: a trace or span id written in
+    upper case in some rows and lower case in others is one trace, one span (16-character
+    ids take the words path, others the ranked one). Ids that are not hex keep their
+    case: ``S-a`` and ``s-A`` are two spans."""
+    from _build import event, row, table
+
+    from ttft.analysis.assemble import assemble
+    from ttft.analysis.attribution import attribute
+
+    def build():
+        t = 0xFACE  # a trace id with letters
+        return [row(t, 1, "server", 0, 100), row(t, 0xAB, "queue", 0, 10, parent=1),
+                row(t, 3, "prefill", 10, 60, parent=0xAB),
+                row(t, 4, "sample", 60, 70, parent=1), event(t, 5, "first_byte", 80, parent=1)]
+
+    def shorten(rows):
+        for r in rows:
+            for key in ("span_id", "parent_id"):
+                if r[key] is not None:
+                    r[key] = r[key][-width:]
+        return rows
+
+    want = assemble(table(shorten(build())))
+    mixed = shorten(build())
+    mixed[1]["span_id"] = mixed[1]["span_id"].upper()  # the queue span: ...AB
+    for r in mixed[2:]:
+        r["trace_id"] = r["trace_id"].upper()
+    got = assemble(table(mixed))
+    assert len(got.requests) == 1
+    assert got.quality.counts == want.quality.counts
+    assert got.spans.parent.tolist() == want.spans.parent.tolist()
+    assert attribute(got, "server", "exclusive").attributed.equals(
+        attribute(want, "server", "exclusive").attributed)
+
+    other = shorten(build())
+    other[1]["span_id"] = "S-a"
+    other[2]["parent_id"] = "s-A"  # not the queue span: an orphan, a child of the root
+    got = assemble(table(other))
+    assert got.quality.counts["orphan_parent"] == 1
