@@ -339,16 +339,19 @@ _BLANK = "[ \\t\\n\\r]*"  # JSON whitespace
 
 
 def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key: str) -> np.ndarray:
-    """Integer value of ``key`` in the JSON attributes of ``rows`` (ascending); -1 where
-    absent or not an integer.
+    """Integer value of the top-level ``key`` in the JSON attributes of ``rows``
+    (ascending); -1 where absent or not an integer.
 
-    One regular expression per column (Arrow's RE2, no JSON parse per row): the first
-    ``"key"`` followed by optional whitespace, ``:``, optional whitespace, an optional
-    ``-`` and 1 to 18 digits that no digit, ``.``, ``e`` or ``E`` follows. A key nested in an
-    inner object would be read too, which no ttft writer or importer produces; a key inside
-    a string value is escaped (``\\"key\\"``) and never matches. (A substring search for
-    the key and a numpy parse of the bytes after it measured slower: RE2 takes about 0.35
-    µs a row, the search alone 0.15.)
+    By Arrow's RE2, no JSON parse per row: ``"key"``, optional whitespace, ``:``, optional
+    whitespace, an optional ``-`` and 1 to 18 digits that no digit, ``.``, ``e`` or ``E``
+    follows. A key inside a string value is escaped (``\\"key\\"``) and never matches. The
+    first match is the top-level key in an object holding no other object (`_flat`: in
+    what every ttft writer produces, all of them); in other rows a nested object may come
+    first, and the expression must see nothing but ``{`` and text without another ``{``
+    before the key. Rows no expression reads that might still hold the key (its name
+    appears, or a ``\\u`` escape could spell it) are parsed as JSON one by one: few in any
+    real trace. (A substring search for the key and a numpy parse of the bytes after it
+    measured slower: RE2 takes about 0.35 µs a row, the search alone 0.15.)
     """
     if len(rows) == 0:
         return np.full(0, -1, dtype=np.int64)
@@ -356,9 +359,64 @@ def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key:
     if pa.types.is_dictionary(sub.type) or pa.types.is_large_string(sub.type):
         sub = sub.cast(pa.string())
     number = "(?P<v>-?[0-9]{1,18})(?:[^.0-9eE]|$)"
-    found = pc.extract_regex(sub, f"{re.escape(json.dumps(key))}{_BLANK}:{_BLANK}{number}")
-    values = pc.cast(pc.struct_field(found, [0]), pa.int64())
-    return np.asarray(pc.fill_null(values, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    name = json.dumps(key)
+    tail = f"{re.escape(name)}{_BLANK}:{_BLANK}{number}"
+    out = _extracted(sub, tail)
+    flat = _flat(sub)
+    out[~flat] = -1
+    nested = np.flatnonzero(~flat)
+    if len(nested):
+        out[nested] = _extracted(sub.take(pa.array(nested)), f"^{_BLANK}\\{{[^{{]*?{tail}")
+    unread = np.flatnonzero(out < 0)
+    if len(unread):
+        rest = sub.take(pa.array(unread))
+        maybe = pc.or_(pc.match_substring(rest, name), pc.match_substring(rest, "\\u"))
+        maybe = np.asarray(pc.fill_null(maybe, False).to_numpy(zero_copy_only=False), bool)
+        if maybe.any():
+            out[unread[maybe]] = [_parsed_int(t, key) for t in rest.filter(pa.array(maybe))
+                                  .to_pylist()]
+    return out
+
+
+def _extracted(texts: pa.Array, pattern: str) -> np.ndarray:
+    """The group ``v`` of ``pattern`` in each of ``texts`` as int64 (-1: no match), writable."""
+    found = pc.extract_regex(texts, pattern)
+    values = pc.fill_null(pc.cast(pc.struct_field(found, [0]), pa.int64()), -1)
+    return np.array(values.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _flat(texts: pa.Array) -> np.ndarray:
+    """Per text (a string array): it begins with ``{`` and holds no other ``{``. One count
+    of ``{`` over the whole buffer answers for every row when it equals the number of rows
+    that begin with one (each of them then holds one, the others none); else per row."""
+    n = len(texts)
+    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset : texts.offset + n + 1]
+    data = texts.buffers()[2]
+    lengths = np.diff(offsets)
+    opens = np.zeros(n, bool)
+    if data is None or not (lengths > 0).any():
+        return opens
+    raw = np.frombuffer(data, np.uint8)
+    some = lengths > 0
+    opens[some] = raw[offsets[:-1][some]] == 0x7B
+    if texts.null_count:
+        opens &= np.asarray(pc.is_valid(texts).to_numpy(zero_copy_only=False), bool)
+    braces = np.count_nonzero(raw[int(offsets[0]) : int(offsets[-1])] == 0x7B)
+    if braces == np.count_nonzero(opens):
+        return opens
+    ones = pc.fill_null(pc.equal(pc.count_substring(texts, "{"), 1), False)
+    return opens & np.asarray(ones.to_numpy(zero_copy_only=False), bool)
+
+
+def _parsed_int(text: str, key: str) -> int:
+    """`int_attribute` of one JSON text by a full parse (-1 where malformed)."""
+    try:
+        value = json.loads(text).get(key)
+    except (ValueError, AttributeError):
+        return -1
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**18:
+        return value
+    return -1
 
 
 def smallest_by_value(

@@ -52,12 +52,13 @@ def resolve_trees(
     has_parent: np.ndarray,
     n_req: int,
     trace: np.ndarray,
+    trace_values: list[str],
 ) -> dict[str, np.ndarray]:
     """Fill ``parent``, ``depth`` and ``keep`` per request block; return the roots and the
     span-derived window ends per request.
 
-    ``trace`` is each span's trace code, ``psid`` its parent's id words and the trace to
-    find the parent in (`_links`)."""
+    ``trace`` is each span's trace code (into ``trace_values``), ``psid`` its parent's id
+    words and the trace to find the parent in (`_links`)."""
     out = {
         name: np.full(n_req, fill, np.int64)
         for name, fill in (
@@ -95,7 +96,7 @@ def resolve_trees(
 
         for name in ("client", "server"):
             mine = keep & (stage == CODE[name])
-            first = _earliest(mine, start, end, hi, lo)
+            first = _earliest(mine, start, end, hi, lo, tr, trace_values)
             has = mine.any(axis=1)
             rows = np.arange(len(ids))
             out[f"{name}_root"][ids] = np.where(has, first, -1)
@@ -106,7 +107,7 @@ def resolve_trees(
             earliest = np.where(mine, start, MAX_NS).min(axis=1)
             out[f"{name}_start"][ids] = np.where(mine.any(axis=1), earliest, NONE_NS)
         sample = keep & (stage == CODE["sample"])
-        first = _earliest(sample, start, end, hi, lo)
+        first = _earliest(sample, start, end, hi, lo, tr, trace_values)
         out["sample_end"][ids] = np.where(
             sample.any(axis=1), end[np.arange(len(ids)), first], NONE_NS
         )
@@ -124,17 +125,27 @@ def resolve_trees(
 
 
 def _earliest(
-    mine: np.ndarray, start: np.ndarray, end: np.ndarray, hi: np.ndarray, lo: np.ndarray
+    mine: np.ndarray, start: np.ndarray, end: np.ndarray, hi: np.ndarray, lo: np.ndarray,
+    tr: np.ndarray, trace_values: list[str],
 ) -> np.ndarray:
     """Per row of a block, the column of the earliest-starting span among ``mine`` (0 when
-    none): ties go to the longest, then to the smallest span id, so which of two spans
-    starting together becomes the root never depends on row order."""
+    none): ties go to the longest, then to the smallest span id, then to the smallest trace
+    id (one span id in two traces of a request), so which of two spans starting together
+    becomes the root never depends on row order."""
     cand = _best(mine, start, True)
     tied = np.flatnonzero(cand.sum(axis=1) > 1)  # usually none: later keys only for these
     if len(tied):
         sub = cand[tied]
         for values, lowest in ((end, False), (hi, True), (lo, True)):
             sub = _best(sub, values[tied], lowest)
+        still = np.flatnonzero(sub.sum(axis=1) > 1)
+        if len(still):
+            codes = tr[tied[still]]
+            used = np.unique(codes[sub[still]])
+            rank = np.zeros(int(codes.max()) + 1, np.int64)
+            rank[used[np.argsort(np.asarray([trace_values[c] for c in used], dtype=object))]] = (
+                np.arange(len(used)))
+            sub[still] = _best(sub[still], rank[codes], True)
         cand[tied] = sub
     return cand.argmax(axis=1)
 

@@ -233,7 +233,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     span_trace = trace[rows]
     parent_trace = trace[np.concatenate([span_rows, chunk_rows])[order]]
     windows = resolve_trees(spans, has_sid, (p_hi, p_lo, parent_trace), has_parent, n_req,
-                            span_trace)
+                            span_trace, trace_values)
     _add_tree_examples(quality, windows, trace_values, first_trace)
 
     # Events: boundary ends and client token times.

@@ -88,7 +88,43 @@ def test_int_attribute_round_trips_json(values):
 def test_int_attribute_takes_a_later_occurrence_when_the_first_does_not_parse():
     texts = ['{"k":"x","k":4}', '{"a":"k","k": 12}', '"k""k":3', '"k":' + " " * 50 + "8"]
     got = int_attribute(pa.array(texts), np.arange(4), "k")
-    assert got.tolist() == [4, 12, 3, 8]
+    assert got.tolist() == [4, 12, -1, -1]  # text that is no JSON object holds no key
+
+
+def test_int_attribute_reads_the_top_level_key_only():
+    texts = ['{"prev": {"step_id": 6}, "step_id": 7}', '{"hist":[{"step_id":5}]}',
+             '{"step\\u005fid": 7}', '{"a": "{", "step_id": 7}', '  {"step_id":12}',
+             '{"a": {"b": 1}, "c": [{"step_id": 2}], "step_id": 3}', '{"note":"caf\\u00e9"}',
+             '{"step_id": 4, "later": {"step_id": 8}}']
+    got = int_attribute(pa.array(texts), np.arange(len(texts)), "step_id")
+    assert got.tolist() == [7, -1, 7, 7, 12, 3, -1, 4]
+
+
+_json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(10**19), 10**19), st.floats(),
+              st.text(alphabet='ak{}":\\é_ ', max_size=6)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from(["k", "a", "{", '"k"']), inner,
+                                            max_size=3)),
+    max_leaves=8,
+)
+
+
+@given(st.lists(st.tuples(st.dictionaries(st.sampled_from(["k", "a", "b{", 'x"k":']),
+                                          _json_values, max_size=4),
+                          st.booleans(), st.booleans()), max_size=20))
+def test_int_attribute_equals_a_json_parse(objects):
+    """Against ``json.loads``: the top-level ``k`` when it is an integer below 10^18 in
+    magnitude (not a bool), else -1; whatever the nesting, escapes and spacing."""
+    texts, want = [], []
+    for obj, ascii_only, spaced in objects:
+        texts.append(json.dumps(obj, ensure_ascii=ascii_only,
+                                separators=(", ", ": ") if spaced else (",", ":")))
+        v = obj.get("k")
+        ok = isinstance(v, int) and not isinstance(v, bool) and abs(v) < 10**18
+        want.append(v if ok else -1)
+    got = int_attribute(pa.array(texts, pa.string()), np.arange(len(texts)), "k")
+    assert got.tolist() == want
 
 
 def test_int_attribute_of_rows_in_several_chunks():

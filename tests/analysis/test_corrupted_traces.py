@@ -360,23 +360,24 @@ def expected(rows: list[dict], done: dict) -> dict:
     clocked = 0
     for trace, rs in requests.items():
         spans = [r for r in rs if _is_span(r)]
-        ids = Counter(r["span_id"] for r in spans if r["span_id"] is not None)
+        # Span ids are unique per trace (docs/attribution.md, "The tree").
+        ids = Counter((r["trace_id"], r["span_id"]) for r in spans if r["span_id"] is not None)
         duplicates += sum(c - 1 for c in ids.values())
         versions = defaultdict(set)
         for r in spans:
             if r["span_id"] is not None:
-                versions[r["span_id"]].add(_span_key(r))
+                versions[(r["trace_id"], r["span_id"])].add(_span_key(r))
         if any(len(v) > 1 for v in versions.values()):
             unsure.add(trace)  # which copy of a colliding id is kept is the analyzer's rule
         for r in spans:
             if (
                 id(r) in done.get("dangling", ())
                 and r["span_id"] is not None
-                and ids[r["span_id"]] == 1
-                and r["parent_id"] not in ids
+                and ids[(r["trace_id"], r["span_id"])] == 1
+                and (r["trace_id"], r["parent_id"]) not in ids
             ):
                 orphans += 1
-        unique = list({(r["span_id"], _span_key(r)): r for r in spans}.values())
+        unique = list({(r["trace_id"], r["span_id"], _span_key(r)): r for r in spans}.values())
         events = [r for r in rs if _stage(r["stage"]) == "event"]
         for boundary, has in _windows(unique, events).items():
             if has:
