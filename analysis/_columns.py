@@ -63,6 +63,13 @@ def codes(col: pa.ChunkedArray | pa.Array, *, runs: bool = False
     hash-encoded, with ``runs`` by runs of equal values where they hold few enough
     (`_run_codes`: trace ids, whose rows files keep together).
     """
+    found, values, _ = _codes_from(col, runs)
+    return found, values
+
+
+def _codes_from(col: pa.ChunkedArray | pa.Array, runs: bool
+                ) -> tuple[np.ndarray, list[str], pa.Array | None]:
+    """`codes`, and an Arrow array holding every value (None without values)."""
     if isinstance(col, pa.Array):
         col = pa.chunked_array([col], type=col.type)
     if not pa.types.is_dictionary(col.type):
@@ -74,11 +81,12 @@ def codes(col: pa.ChunkedArray | pa.Array, *, runs: bool = False
         col = pa.chunked_array([pc.dictionary_encode(_array(col))])
     col = col.unify_dictionaries()
     if col.num_chunks == 0:
-        return np.empty(0, np.int32), []
-    values = col.chunk(0).dictionary.to_pylist()
+        return np.empty(0, np.int32), [], None
+    source = col.chunk(0).dictionary
+    values = source.to_pylist()
     idx = pa.chunked_array([c.indices for c in col.chunks]).combine_chunks()
     out = np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int32)
-    return out, values
+    return out, values, source
 
 
 def blank_as_null(found: tuple[np.ndarray, list[str]]) -> tuple[np.ndarray, list[str]]:
@@ -93,18 +101,29 @@ def blank_as_null(found: tuple[np.ndarray, list[str]]) -> tuple[np.ndarray, list
 def trace_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     """`codes` of a ``trace_id`` column as every step groups it: by runs, an empty id as
     null (`blank_as_null`), hex ids without case (`fold_hex_case`)."""
-    return fold_hex_case(blank_as_null(codes(column, runs=True)))
+    found, values, source = _codes_from(column, True)
+    return fold_hex_case(blank_as_null((found, values)), source)
 
 
-def fold_hex_case(found: tuple[np.ndarray, list[str]]) -> tuple[np.ndarray, list[str]]:
+def fold_hex_case(found: tuple[np.ndarray, list[str]], source: pa.Array | None = None
+                  ) -> tuple[np.ndarray, list[str]]:
     """`codes` with hex values that differ only in case made one (the lowercase value, in
     order of first appearance): OTLP's JSON form allows either case. Lowercase hex bytes
-    all hold bit 0x20, so one AND over the values' bytes clears the usual case."""
+    all hold bit 0x20, so one AND over the bytes of the values (or of ``source``, an Arrow
+    string array holding every value) clears the usual case."""
     codes_, values = found
     if not values:
         return found
-    data = np.frombuffer("".join(values).encode(), np.uint8)
-    if np.bitwise_and.reduce(data, initial=np.uint8(255)) & 0x20:
+    if source is not None and pa.types.is_string(source.type) and source.buffers()[2]:
+        offsets = np.frombuffer(source.buffers()[1], np.int32)[
+            source.offset : source.offset + len(source) + 1]
+        data = np.frombuffer(source.buffers()[2], np.uint8)[int(offsets[0]) : int(offsets[-1])]
+    else:
+        data = np.frombuffer("".join(values).encode(), np.uint8)
+    cut = len(data) // 8 * 8
+    every = np.bitwise_and.reduce(data[:cut].view(np.uint64), initial=np.uint64(2**64 - 1))
+    every = int(every) & 0x2020202020202020
+    if every == 0x2020202020202020 and np.bitwise_and.reduce(data[cut:], initial=255) & 0x20:
         return found
     arr = pa.array(values, pa.string())
     is_hex = pc.fill_null(pc.match_substring_regex(arr, "^[0-9A-Fa-f]+$"), False)
@@ -116,12 +135,13 @@ def fold_hex_case(found: tuple[np.ndarray, list[str]]) -> tuple[np.ndarray, list
     return np.where(codes_ >= 0, merged[np.maximum(codes_, 0)], np.int32(-1)), list(uniques)
 
 
-def _run_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]] | None:
+def _run_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str], pa.Array] | None:
     """`codes` of a string column whose equal values mostly sit in runs (a trace's rows are
     written together): equal neighbours are found by Arrow's string comparison, and only
     the first value of each run is hashed. Codes and values are those of hashing every
-    row (values in order of first appearance). None when runs are not a quarter of the rows
-    or fewer (a null is a run of its own): hashing everything is then cheaper."""
+    row (values in order of first appearance), with the run heads (an Arrow array holding
+    every value). None when runs are not a quarter of the rows or fewer (a null is a run
+    of its own): hashing everything is then cheaper."""
     n = len(col)
     if n < 2:
         return None
@@ -140,7 +160,7 @@ def _run_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]] | None:
         values = enc.dictionary.to_pylist()
     else:
         per_run, values = found
-    return np.repeat(per_run, np.diff(np.append(heads, n))), values
+    return np.repeat(per_run, np.diff(np.append(heads, n))), values, firsts
 
 
 _FOLD = tuple(np.uint64(m) for m in (
