@@ -186,8 +186,9 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
 
     # Spans that can take window time: request traces, no events, no steps.
     span_rows = np.flatnonzero((row_req >= 0) & ~is_event & (stage != CODE["step"]))
-    joined = _join_gpu(table, stage, row_req, valid, span_rows)
-    chunk_rows, gpu_rows = joined
+    chunk_rows, gpu_rows, reused = _join_gpu(table, stage, row_req, valid, span_rows, start,
+                                             trace, trace_values)
+    quality.add("reused_step_id", len(reused), _examples(trace_values, trace[reused]))
     rows = np.concatenate([span_rows, gpu_rows])
     req = np.concatenate([row_req[span_rows], row_req[chunk_rows]])
     # Requests laid out by span count, then request: each block of equal counts (_buckets)
@@ -280,13 +281,19 @@ def _join_gpu(
     row_req: np.ndarray,
     valid: np.ndarray,
     span_rows: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
+    start: np.ndarray,
+    trace: np.ndarray,
+    trace_values: list[str],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pairs ``(chunk row, gpu row)`` of request chunks and engine-trace gpu spans that
-    share ``(service, step_id)``."""
+    share ``(service, step_id)``, and the chunk rows whose key names steps of more than one
+    engine trace (an engine restarted, or replicas that share a service name, count steps
+    from one again): such a chunk joins the gpu spans of the one trace whose gpu span
+    starts nearest its own start, ties to the smallest trace id."""
+    empty = np.empty(0, np.int64)
     keys = step_keys(table, stage, row_req, valid, span_rows)
     if keys is None:
-        empty = np.empty(0, np.int64)
-        return empty, empty
+        return empty, empty, empty
     chunks, gpus = keys.chunks, keys.gpus
     # Sort the gpu keys once; each chunk finds its run of equal keys by binary search.
     c_key = np.stack([keys.chunk_service.astype(np.int64), keys.chunk_step], axis=1)
@@ -296,10 +303,29 @@ def _join_gpu(
     lo = _search(g_sorted, c_key, "left")
     hi = _search(g_sorted, c_key, "right")
     many = hi - lo
-    left = np.repeat(chunks, many)
+    left = np.repeat(chunks, many).astype(np.int64)
     starts = np.repeat(lo - np.concatenate([[0], np.cumsum(many)[:-1]]), many)
-    right = gpus[order[starts + np.arange(len(left))]]
-    return left.astype(np.int64), right.astype(np.int64)
+    right = gpus[order[starts + np.arange(len(left))]].astype(np.int64)
+    # Each chunk's pairs are one run; a run holding two engine traces is a reused step id.
+    pair_trace = trace[right]
+    group = np.repeat(np.arange(len(chunks)), many)
+    run_start = np.concatenate([[0], np.cumsum(many)[:-1]])
+    mixed = np.zeros(len(chunks), bool)
+    mixed[group[pair_trace != pair_trace[run_start[group]]]] = True
+    if not mixed.any():
+        return left, right, empty
+    pick = np.flatnonzero(mixed[group])
+    used = np.unique(pair_trace[pick])
+    rank = np.zeros(len(trace_values), np.int64)
+    rank[used[np.argsort(np.asarray([trace_values[c] for c in used], dtype=object))]] = (
+        np.arange(len(used)))
+    distance = np.abs(start[right[pick]] - start[left[pick]])
+    best = pick[np.lexsort((rank[pair_trace[pick]], distance, group[pick]))]
+    firsts = np.flatnonzero(np.r_[True, group[best][1:] != group[best][:-1]])
+    chosen = np.full(len(chunks), -1, np.int64)
+    chosen[group[best[firsts]]] = pair_trace[best[firsts]]
+    keep = ~mixed[group] | (pair_trace == chosen[group])
+    return left[keep], right[keep], chunks[mixed].astype(np.int64)
 
 
 def _search(sorted_keys: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:

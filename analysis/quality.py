@@ -29,6 +29,7 @@ DEFECTS: tuple[str, ...] = (
     "clock_shift",
     "rejected_span",
     "estimated_span",
+    "reused_step_id",
 )
 """Every defect analysis counts; ``missing_field`` (a row without trace id or times, or
 with a time outside ``analysis.clocks.TIME_LIMIT_NS``) is ttft's addition to DESIGN.md's
@@ -36,7 +37,9 @@ list, and so is ``rejected_span`` (a span the importer could not turn into a row
 in the table's run metadata under ``rejected``: ``{"count": n, "examples": [...]}``), and
 ``estimated_span`` (a span whose interval the source estimated rather than measured, such as
 Dynamo's K/V transfer upper bound: kept and attributed, counted in the run metadata under
-``estimated`` in the same shape, each carrying ``tracer.schema.ATTR_ESTIMATED``)."""
+``estimated`` in the same shape, each carrying ``tracer.schema.ATTR_ESTIMATED``), and
+``reused_step_id`` (a prefill chunk whose step id names steps of several engine traces,
+joined to the one nearest in time)."""
 
 MEANING: dict[str, str] = {
     "missing_field": "row without trace_id, start_ns or end_ns, or with a time beyond "
@@ -50,6 +53,8 @@ MEANING: dict[str, str] = {
     "rejected_span": "span the importer could not store (a bad id or time; not in the table)",
     "estimated_span": "span the source estimated, not measured (e.g. Dynamo's kv_transfer, "
     "an upper bound; attributed as given)",
+    "reused_step_id": "prefill chunk whose (service, step_id) names steps of several engine "
+    "traces (a restart, replicas sharing a service name): joined to the nearest in time",
 }
 
 EXAMPLES_KEPT = 3

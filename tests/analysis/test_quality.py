@@ -46,6 +46,7 @@ def test_each_defect_is_counted_and_the_good_request_is_unchanged():
         "clock_shift": 1,
         "rejected_span": 0,
         "estimated_span": 0,
+        "reused_step_id": 0,
     }
     assert result.quality.examples["orphan_parent"] == [format(7, "032x")]
     client = attribute(assemble(table(one_request() + bad)), "client", "exclusive")

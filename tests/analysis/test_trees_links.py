@@ -242,3 +242,35 @@ def test_hex_ids_match_whatever_their_case_and_other_ids_keep_theirs(width):
     other[2]["parent_id"] = "s-A"  # not the queue span: an orphan, a child of the root
     got = assemble(table(other))
     assert got.quality.counts["orphan_parent"] == 1
+
+
+@pytest.mark.parametrize("later_ns", [1_000_000, 30])
+def test_a_reused_step_id_joins_the_engine_trace_nearest_in_time(later_ns):
+    """An engine restarted (or two replicas sharing a service name) counts steps from 0
+    again: each chunk joins the gpu span of the step trace nearest its own start, so the
+    parts equal those of each run analysed alone, and the reuse is counted."""
+    from _build import event, row, table
+
+    from ttft.analysis.assemble import assemble
+    from ttft.analysis.attribution import attribute
+
+    def run(trace: int, engine: int, t0: int, gpu_ns: int) -> list[dict]:
+        return [row(trace, 1, "server", t0, t0 + 100), row(trace, 2, "queue", t0, t0 + 10, parent=1),
+                row(trace, 3, "prefill.chunk", t0 + 10, t0 + 60, parent=1, step_id=7),
+                row(trace, 4, "sample", t0 + 60, t0 + 70, parent=1),
+                event(trace, 5, "first_byte", t0 + 80, parent=1),
+                row(engine, 1, "step", t0 + 5, t0 + 65),
+                row(engine, 2, "gpu", t0 + 15, t0 + 15 + gpu_ns, parent=1, step_id=7)]
+
+    # A restart (the second run much later) or a replica (overlapping the first).
+    first, second = run(1, 2, 0, 40), run(3, 4, later_ns, 20)
+    alone = [attribute(assemble(table(r)), "server", "exclusive").attributed.loc[0, "gpu"]
+             for r in (first, second)]
+    assert alone == [40, 20]
+    for rows in (first + second, second + first):
+        asm = assemble(table(rows))
+        got = attribute(asm, "server", "exclusive")
+        by_trace = dict(zip(got.requests["trace_id"], got.attributed["gpu"], strict=True))
+        assert [by_trace[tid] for tid in sorted(by_trace)] == alone
+        assert asm.quality.counts["reused_step_id"] == 2
+        assert len(asm.spans.req) == 2 * 5  # one gpu copy per request, not two
