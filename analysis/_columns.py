@@ -364,14 +364,14 @@ def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key:
 
     By Arrow's RE2, no JSON parse per row: ``"key"``, optional whitespace, ``:``, optional
     whitespace, an optional ``-`` and 1 to 18 digits that no digit, ``.``, ``e`` or ``E``
-    follows. A key inside a string value is escaped (``\\"key\\"``) and never matches. The
-    first match is the top-level key in an object holding no other object (`_flat`: in
-    what every ttft writer produces, all of them); in other rows a nested object may come
-    first, and the expression must see nothing but ``{`` and text without another ``{``
-    before the key. Rows no expression reads that might still hold the key (its name
-    appears, or a ``\\u`` escape could spell it) are parsed as JSON one by one: few in any
-    real trace. (A substring search for the key and a numpy parse of the bytes after it
-    measured slower: RE2 takes about 0.35 µs a row, the search alone 0.15.)
+    follows. The first match is the top-level key in an object holding no other object and
+    no backslash (`json_shapes`: in what every ttft writer produces, all of them); in an
+    object holding another, a nested one may come first, and the expression must see nothing but
+    ``{`` and text without another ``{`` before the key. A text with a backslash (an
+    escaped quote or ``\\u`` escape may hide or fake the key) or one that names the key
+    where no expression read it is parsed as JSON: few in any real trace. (A substring
+    search for the key and a numpy parse of the bytes after it measured slower: RE2 takes
+    about 0.35 µs a row, the search alone 0.15.)
     """
     if len(rows) == 0:
         return np.full(0, -1, dtype=np.int64)
@@ -382,19 +382,19 @@ def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key:
     name = json.dumps(key)
     tail = f"{re.escape(name)}{_BLANK}:{_BLANK}{number}"
     out = _extracted(sub, tail)
-    flat = _flat(sub)
+    flat, escaped = json_shapes(sub)
     out[~flat] = -1
-    nested = np.flatnonzero(~flat)
+    nested = np.flatnonzero(~flat & ~escaped)
     if len(nested):
         out[nested] = _extracted(sub.take(pa.array(nested)), f"^{_BLANK}\\{{[^{{]*?{tail}")
-    unread = np.flatnonzero(out < 0)
+    parse = escaped.copy()
+    unread = np.flatnonzero((out < 0) & ~escaped)
     if len(unread):
-        rest = sub.take(pa.array(unread))
-        maybe = pc.or_(pc.match_substring(rest, name), pc.match_substring(rest, "\\u"))
-        maybe = np.asarray(pc.fill_null(maybe, False).to_numpy(zero_copy_only=False), bool)
-        if maybe.any():
-            out[unread[maybe]] = [_parsed_int(t, key) for t in rest.filter(pa.array(maybe))
-                                  .to_pylist()]
+        named = pc.fill_null(pc.match_substring(sub.take(pa.array(unread)), name), False)
+        parse[unread[np.asarray(named.to_numpy(zero_copy_only=False), bool)]] = True
+    at = np.flatnonzero(parse)
+    if len(at):
+        out[at] = [_parsed_int(t, key) for t in sub.take(pa.array(at)).to_pylist()]
     return out
 
 
@@ -405,27 +405,32 @@ def _extracted(texts: pa.Array, pattern: str) -> np.ndarray:
     return np.array(values.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _flat(texts: pa.Array) -> np.ndarray:
-    """Per text (a string array): it begins with ``{`` and holds no other ``{``. One count
-    of ``{`` over the whole buffer answers for every row when it equals the number of rows
-    that begin with one (each of them then holds one, the others none); else per row."""
+def json_shapes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Per text (a string array): ``flat``, it begins with ``{`` and holds no other ``{`` and
+    no backslash; ``escaped``, it holds a backslash. One count of ``{`` and one test for
+    ``\\`` over the whole buffer answer for every row in the usual case (as many ``{`` as
+    rows that begin with one, no backslash); else the rows are searched one by one."""
     n = len(texts)
     offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset : texts.offset + n + 1]
     data = texts.buffers()[2]
     lengths = np.diff(offsets)
     opens = np.zeros(n, bool)
+    escaped = np.zeros(n, bool)
     if data is None or not (lengths > 0).any():
-        return opens
+        return opens, escaped
     raw = np.frombuffer(data, np.uint8)
     some = lengths > 0
     opens[some] = raw[offsets[:-1][some]] == 0x7B
     if texts.null_count:
         opens &= np.asarray(pc.is_valid(texts).to_numpy(zero_copy_only=False), bool)
-    braces = np.count_nonzero(raw[int(offsets[0]) : int(offsets[-1])] == 0x7B)
-    if braces == np.count_nonzero(opens):
-        return opens
+    body = raw[int(offsets[0]) : int(offsets[-1])]
+    if (body == 0x5C).any():
+        found = pc.fill_null(pc.match_substring(texts, "\\"), False)
+        escaped = np.asarray(found.to_numpy(zero_copy_only=False), bool)
+    if np.count_nonzero(body == 0x7B) == np.count_nonzero(opens):
+        return opens & ~escaped, escaped
     ones = pc.fill_null(pc.equal(pc.count_substring(texts, "{"), 1), False)
-    return opens & np.asarray(ones.to_numpy(zero_copy_only=False), bool)
+    return opens & ~escaped & np.asarray(ones.to_numpy(zero_copy_only=False), bool), escaped
 
 
 def _parsed_int(text: str, key: str) -> int:

@@ -36,8 +36,10 @@ def _matches(texts: pa.Array, pattern: str) -> np.ndarray:
 
 def _plainly_ok(texts: pa.Array) -> np.ndarray:
     """Rows that are ``ok`` by `client_outcomes`' rules, found by substring searches alone:
-    neither an outcome nor an error key, or one outcome key and it written ``"outcome":"ok"``
-    (no failure is named ``ok``, so no rule can match)."""
+    neither an outcome nor an error key and no backslash (no escape can spell one), or one
+    outcome key written ``"outcome":"ok"`` in a flat object (`_columns.json_shapes`: no
+    other object, no backslash, so the key is the top-level one; no failure is named
+    ``ok``, so no rule can match)."""
     key = json.dumps(ATTR_OUTCOME)
 
     def has(needle: str) -> np.ndarray:
@@ -45,8 +47,9 @@ def _plainly_ok(texts: pa.Array) -> np.ndarray:
 
     keys = np.asarray(pc.fill_null(pc.count_substring(texts, key), 0)
                       .to_numpy(zero_copy_only=False))
-    silent = (keys == 0) & ~has(json.dumps(ATTR_ERROR))
-    return silent | ((keys == 1) & has(f"{key}:{json.dumps(OUTCOME_OK)}"))
+    flat, escaped = col.json_shapes(texts)
+    silent = (keys == 0) & ~has(json.dumps(ATTR_ERROR)) & ~escaped
+    return silent | ((keys == 1) & flat & has(f"{key}:{json.dumps(OUTCOME_OK)}"))
 
 
 def _found(mask: pa.Array) -> np.ndarray:
@@ -68,8 +71,45 @@ def client_outcomes(attributes: pa.ChunkedArray, rows: np.ndarray) -> np.ndarray
 
 
 def _by_rules(attributes: pa.ChunkedArray, rows: np.ndarray, texts: pa.Array) -> np.ndarray:
-    """`client_outcomes` of ``rows`` (their attributes: ``texts``) by the regular
-    expressions of the module's rules."""
+    """`client_outcomes` of ``rows`` (their attributes: ``texts``) by the module's rules on
+    the top-level keys of each JSON object; a text that is no JSON object (malformed) is
+    read by regular expressions instead (`_by_patterns`)."""
+    out = np.full(len(rows), OUTCOME_OK, dtype=object)
+    malformed = []
+    for i, text in enumerate(texts.to_pylist()):
+        try:
+            value = json.loads(text) if text is not None else {}
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            malformed.append(i)
+            continue
+        out[i] = _outcome_of(value)
+    if malformed:
+        at = np.asarray(malformed, np.int64)
+        out[at] = _by_patterns(attributes, rows[at], texts.take(pa.array(at)))
+    return out
+
+
+def _outcome_of(value: dict) -> str:
+    """The rules on one parsed attributes object."""
+    outcome = value.get(ATTR_OUTCOME)
+    if ATTR_OUTCOME in value:
+        return outcome if isinstance(outcome, str) and outcome in _FAILURES else OUTCOME_OK
+    error = value.get(ATTR_ERROR)
+    if not isinstance(error, str):
+        return OUTCOME_OK
+    status = value.get(ATTR_STATUS_CODE)
+    status = status if isinstance(status, int) and not isinstance(status, bool) else -1
+    if status in _SHED:
+        return "shed"
+    if status >= 0 and status != 200:
+        return "http_error"
+    return "timeout" if error.startswith("timed out") else "disconnected"
+
+
+def _by_patterns(attributes: pa.ChunkedArray, rows: np.ndarray, texts: pa.Array) -> np.ndarray:
+    """The rules by regular expressions, for texts that are no JSON object."""
     out = np.full(len(rows), OUTCOME_OK, dtype=object)
     said = _matches(texts, rf'"{ATTR_OUTCOME}"\s*:')
     for kind in _FAILURES:

@@ -155,3 +155,19 @@ def test_a_request_of_two_failed_client_spans_takes_the_first_started_whatever_t
         assert len(req) == 1
         outcomes.add((req["outcome"][0], req["status_code"][0], req["error"][0]))
     assert outcomes == {("timeout", None, "timed out after 5 s")}
+
+
+def test_outcomes_are_read_from_top_level_keys_whatever_the_nesting_or_escapes():
+    texts = [
+        '{"outcome":"ok","detail":{"outcome":"shed"}}',  # a nested outcome is not the span's
+        '{"outcome":"sh\\u0065d"}',  # an escape spells "shed"
+        '{"a":{"error":"timed out"}}',  # a nested error is no legacy failure
+        '{"x\\"outcome":"ok","error":"boom"}',  # no outcome key; an error: legacy rules
+        '{"status_code":429,"error":"HTTP 429"}',
+        '{"outcome":"timeout","error":"timed out after 5 s"}',
+        '{"outcome":"ok"}',
+        '"outcome":"shed"',  # no JSON object: read by the patterns, as before
+    ]
+    attributes = pa.chunked_array([pa.array(texts, pa.string())])
+    got = client_outcomes(attributes, np.arange(len(texts))).tolist()
+    assert got == ["ok", "shed", "ok", "disconnected", "shed", "timeout", "ok", "shed"]
