@@ -28,7 +28,8 @@ class Spans:
     All arrays have one entry per span; ``sid_hi``/``sid_lo`` are the span id as two
     words that compare like the id string; ``parent`` is the column of the parent inside the
     request's block (``-1`` = none), ``depth`` the number of ancestors, ``keep`` false for
-    duplicate span ids.
+    duplicate span ids; ``trace`` the span's trace code into ``trace_values`` (ties between
+    spans of one id in two traces of a request are broken by trace id, `value_rank`).
     """
 
     req: np.ndarray
@@ -43,6 +44,17 @@ class Spans:
     keep: np.ndarray
     counts: np.ndarray
     offsets: np.ndarray
+    trace: np.ndarray
+    trace_values: list[str]
+
+
+def value_rank(codes: np.ndarray, values: list[str]) -> np.ndarray:
+    """``codes`` (into ``values``) replaced by the rank of their value among those present:
+    ties broken by what the codes name, never by the order codes were given out."""
+    used, inv = np.unique(codes, return_inverse=True)
+    rank = np.empty(len(used), np.int64)
+    rank[np.argsort(np.asarray([values[c] for c in used], dtype=object))] = np.arange(len(used))
+    return rank[inv].reshape(codes.shape)
 
 
 def resolve_trees(
@@ -140,12 +152,7 @@ def _earliest(
             sub = _best(sub, values[tied], lowest)
         still = np.flatnonzero(sub.sum(axis=1) > 1)
         if len(still):
-            codes = tr[tied[still]]
-            used = np.unique(codes[sub[still]])
-            rank = np.zeros(int(codes.max()) + 1, np.int64)
-            rank[used[np.argsort(np.asarray([trace_values[c] for c in used], dtype=object))]] = (
-                np.arange(len(used)))
-            sub[still] = _best(sub[still], rank[codes], True)
+            sub[still] = _best(sub[still], value_rank(tr[tied[still]], trace_values), True)
         cand[tied] = sub
     return cand.argmax(axis=1)
 

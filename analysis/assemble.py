@@ -22,7 +22,8 @@ import pyarrow as pa
 from ttft.analysis import _columns as col
 from ttft.analysis import clocks
 from ttft.analysis._conditions import conditions, max_cached
-from ttft.analysis._grouping import clock_kinds, decode, group, step_keys
+from ttft.analysis._grouping import clock_kinds, decode, group, join_gpu
+from ttft.analysis._ids import id_words
 from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._trees import CODE, MAX_NS, N_STAGES, NONE_NS, Spans, resolve_trees
 from ttft.analysis.quality import Quality, estimated_spans, rejected_spans
@@ -178,16 +179,17 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         clocks.bounds(row_req, n_req, clock_kinds(d), start, end, clock_raw, clock_values)
     ])
     service, service_values = col.codes(table.column("service"))
-    shift = clocks.row_shift(
+    shifted = clocks.row_shift_parts(
         clock_raw, clock_values, quality.clocks, lambda: trace, lambda: service
     )
+    shift, untraced = (None, None) if shifted is None else shifted
     if shift is not None:
         start, end = start + shift, end + shift
 
     # Spans that can take window time: request traces, no events, no steps.
     span_rows = np.flatnonzero((row_req >= 0) & ~is_event & (stage != CODE["step"]))
-    chunk_rows, gpu_rows, reused = _join_gpu(table, stage, row_req, valid, span_rows, start,
-                                             trace, trace_values)
+    chunk_rows, gpu_rows, reused = join_gpu(table, stage, row_req, valid, span_rows, start,
+                                             trace, trace_values, shift, untraced)
     quality.add("reused_step_id", len(reused), _examples(trace_values, trace[reused]))
     rows = np.concatenate([span_rows, gpu_rows])
     req = np.concatenate([row_req[span_rows], row_req[chunk_rows]])
@@ -200,11 +202,18 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     order = col.group_order(place[req], n_req)
     rows, req = rows[order], req[order]
     n_plain = len(span_rows)
+    # A gpu row whose engine trace shows no host clock moves, in its copies, with the chunk
+    # that launched it: its service's one host clock in the table (`row_shift`) is not
+    # what one partition of a dataset shows.
+    move = None
+    if untraced is not None and untraced[gpu_rows].any():
+        fix = np.where(untraced[gpu_rows], shift[chunk_rows] - shift[gpu_rows], 0)
+        move = np.concatenate([np.zeros(n_plain, np.int64), fix])[order]
     is_copy = order >= n_plain
     # Ids are read at these rows only (events and the engine's own spans never need
     # theirs), in row order; a gpu copy's parent is its chunk.
     span_col = table.column("span_id")
-    (s_hi, s_lo, s_has), (p_hi, p_lo, p_has), (g_hi, g_lo, g_has) = col.id_words(
+    (s_hi, s_lo, s_has), (p_hi, p_lo, p_has), (g_hi, g_lo, g_has) = id_words(
         (span_col, span_rows), (table.column("parent_id"), span_rows), (span_col, gpu_rows)
     )
     chunk_at = np.searchsorted(span_rows, chunk_rows)  # chunks are span rows
@@ -217,8 +226,8 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     offsets[by_count] = np.concatenate([[0], np.cumsum(counts[by_count])[:-1]])
     spans = Spans(
         req=req,
-        start_ns=start[rows],
-        end_ns=end[rows],
+        start_ns=start[rows] if move is None else start[rows] + move,
+        end_ns=end[rows] if move is None else end[rows] + move,
         stage=np.where(is_copy, CODE["gpu"], stage[rows]).astype(np.int8),
         client=is_client[rows],
         sid_hi=sid_hi,
@@ -228,10 +237,12 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         keep=np.ones(len(rows), bool),
         counts=counts,
         offsets=offsets,
+        trace=trace[rows],
+        trace_values=trace_values,
     )
     # Span ids are unique per trace: a span is its (trace, id), and a gpu copy, which keeps
     # its engine trace, finds its parent (its chunk) in the chunk's trace.
-    span_trace = trace[rows]
+    span_trace = spans.trace
     parent_trace = trace[np.concatenate([span_rows, chunk_rows])[order]]
     windows = resolve_trees(spans, has_sid, (p_hi, p_lo, parent_trace), has_parent, n_req,
                             span_trace, trace_values)
@@ -273,70 +284,6 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         table, row_req, stage, start, end, valid, service, service_values, clock_raw, clock_values
     )
     return Assembly(requests, spans, token_req, token_ns, quality, rows)
-
-
-def _join_gpu(
-    table: pa.Table,
-    stage: np.ndarray,
-    row_req: np.ndarray,
-    valid: np.ndarray,
-    span_rows: np.ndarray,
-    start: np.ndarray,
-    trace: np.ndarray,
-    trace_values: list[str],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pairs ``(chunk row, gpu row)`` of request chunks and engine-trace gpu spans that
-    share ``(service, step_id)``, and the chunk rows whose key names steps of more than one
-    engine trace (an engine restarted, or replicas that share a service name, count steps
-    from one again): such a chunk joins the gpu spans of the one trace whose gpu span
-    starts nearest its own start, ties to the smallest trace id."""
-    empty = np.empty(0, np.int64)
-    keys = step_keys(table, stage, row_req, valid, span_rows)
-    if keys is None:
-        return empty, empty, empty
-    chunks, gpus = keys.chunks, keys.gpus
-    # Sort the gpu keys once; each chunk finds its run of equal keys by binary search.
-    c_key = np.stack([keys.chunk_service.astype(np.int64), keys.chunk_step], axis=1)
-    g_key = np.stack([keys.gpu_service.astype(np.int64), keys.gpu_step], axis=1)
-    order = np.lexsort((g_key[:, 1], g_key[:, 0]))
-    g_sorted = g_key[order]
-    lo = _search(g_sorted, c_key, "left")
-    hi = _search(g_sorted, c_key, "right")
-    many = hi - lo
-    left = np.repeat(chunks, many).astype(np.int64)
-    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(many)[:-1]]), many)
-    right = gpus[order[starts + np.arange(len(left))]].astype(np.int64)
-    # Each chunk's pairs are one run; a run holding two engine traces is a reused step id.
-    pair_trace = trace[right]
-    group = np.repeat(np.arange(len(chunks)), many)
-    run_start = np.concatenate([[0], np.cumsum(many)[:-1]])
-    mixed = np.zeros(len(chunks), bool)
-    mixed[group[pair_trace != pair_trace[run_start[group]]]] = True
-    if not mixed.any():
-        return left, right, empty
-    pick = np.flatnonzero(mixed[group])
-    used = np.unique(pair_trace[pick])
-    rank = np.zeros(len(trace_values), np.int64)
-    rank[used[np.argsort(np.asarray([trace_values[c] for c in used], dtype=object))]] = (
-        np.arange(len(used)))
-    distance = np.abs(start[right[pick]] - start[left[pick]])
-    best = pick[np.lexsort((rank[pair_trace[pick]], distance, group[pick]))]
-    firsts = np.flatnonzero(np.r_[True, group[best][1:] != group[best][:-1]])
-    chosen = np.full(len(chunks), -1, np.int64)
-    chosen[group[best[firsts]]] = pair_trace[best[firsts]]
-    keep = ~mixed[group] | (pair_trace == chosen[group])
-    return left[keep], right[keep], chunks[mixed].astype(np.int64)
-
-
-def _search(sorted_keys: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
-    """``searchsorted`` on ``(service, step)`` pairs sorted lexicographically."""
-    big = np.int64(1) << 40
-    if sorted_keys[:, 1].max(initial=0) < big and keys[:, 1].max(initial=0) < big:
-        flat = sorted_keys[:, 0] * big + sorted_keys[:, 1]
-        return np.searchsorted(flat, keys[:, 0] * big + keys[:, 1], side=side)
-    records = np.rec.fromarrays([sorted_keys[:, 0], sorted_keys[:, 1]])
-    wanted = np.rec.fromarrays([keys[:, 0], keys[:, 1]])
-    return np.searchsorted(records, wanted, side=side)
 
 
 def _add_tree_examples(

@@ -24,7 +24,8 @@ import pandas as pd
 
 from ttft.analysis import _buckets
 from ttft.analysis._buckets import MAX_BITS, active_bits, iter_blocks, nearest_ancestor, take_rows
-from ttft.analysis._trees import CODE, N_STAGES
+from ttft.analysis._critical import critical_path
+from ttft.analysis._trees import CODE, N_STAGES, value_rank
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.quality import Quality
 from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES, PRIORITY, ROOT_ONLY_STAGE, STAGE_NAMES
@@ -165,6 +166,10 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     )
 
 
+_NAME_RANK = np.argsort(np.argsort(np.asarray(STAGE_NAMES)))
+"""Each stage code's rank by stage name."""
+
+
 class _Block:
     """One block of requests with the same span count, clipped to their windows."""
 
@@ -205,9 +210,17 @@ class _Block:
         self.prio = np.where(inc, prio, -1)
 
     @cached_property
-    def _sid(self) -> tuple[np.ndarray, np.ndarray]:
+    def sid(self) -> tuple[np.ndarray, np.ndarray]:
         """The span ids' two words (`Spans.sid_hi`, ``sid_lo``), read where ties need them."""
         return self._pos.take(self._sp.sid_hi), self._pos.take(self._sp.sid_lo)
+
+    def ties(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The last keys of every order, for ``rows`` of the block: the stage's name (as
+        ``reference`` compares it), then the
+        trace id's rank (one span id in two traces of a request), so equal keys before
+        them never leave the order to the columns'."""
+        return _NAME_RANK[self.stage[rows]], value_rank(self._pos.take(self._sp.trace)[rows],
+                                                        self._sp.trace_values)
 
     # -- exclusive order and elementary segments -------------------------------------
     @cached_property
@@ -228,8 +241,9 @@ class _Block:
         ranked = np.take_along_axis(key, order, axis=1)
         tied = np.flatnonzero((ranked[:, 1:] == ranked[:, :-1]).any(axis=1))
         if len(tied):  # the span id decides ties (rare: same priority, depth and start)
-            hi, lo = self._sid
-            order[tied] = np.lexsort((lo[tied], hi[tied], key[tied]), axis=-1)
+            hi, lo = self.sid
+            stage, trace = self.ties(tied)
+            order[tied] = np.lexsort((trace, stage, lo[tied], hi[tied], key[tied]), axis=-1)
         return order
 
     @cached_property
@@ -264,7 +278,7 @@ class _Block:
         seg = np.arange(2 * self.k + 1, dtype=np.int16)[None]
         return (first[:, None] <= seg) & (seg < stop[:, None])
 
-    def _sum_by_stage(self, stage: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    def sum_by_stage(self, stage: np.ndarray, ns: np.ndarray) -> np.ndarray:
         flat = (np.arange(self.n)[:, None] * N_STAGES + stage).ravel()
         return _buckets.row_sums(flat, ns, self.n * N_STAGES).reshape(self.n, N_STAGES)
 
@@ -282,18 +296,18 @@ class _Block:
                 np.putmask(owner, self._active(first[:, r], stop[:, r]), r)
         out_stage = np.take_along_axis(self.out_stage, order, axis=1)
         stage = np.where(owner >= 0, take_rows(out_stage, owner), CODE["unattributed"])
-        return self._sum_by_stage(stage, length)
+        return self.sum_by_stage(stage, length)
 
     def raw(self) -> np.ndarray:
         """Summed length of each stage's clipped spans."""
-        return self._sum_by_stage(self.stage, np.where(self.inc, self.hi - self.lo, 0))
+        return self.sum_by_stage(self.stage, np.where(self.inc, self.hi - self.lo, 0))
 
     def covered(self, raw: np.ndarray) -> np.ndarray:
         """Union length of each stage's clipped spans: ``raw`` wherever a row has at most
         one span of the stage, a union over segments where it has several."""
         cov = raw.copy()
         length, first, stop = self._segments
-        spans = self._sum_by_stage(self.stage, self.inc.astype(np.int64))
+        spans = self.sum_by_stage(self.stage, self.inc.astype(np.int64))
         several = np.flatnonzero((spans >= 2).any(axis=0))
         bits = self._bits if self.k <= MAX_BITS and len(several) else None
         for code in several:
@@ -341,57 +355,10 @@ class _Block:
         extra = leaf & (from_top <= rem[:, :, None])
         per_col = (leaf * base[:, :, None] + extra).sum(axis=1)
         uncovered = np.where(m == 0, length, 0).sum(axis=1)
-        att = self._sum_by_stage(out_stage, per_col)
+        att = self.sum_by_stage(out_stage, per_col)
         att[:, CODE["unattributed"]] += uncovered
         return att
 
     def critical_path(self) -> np.ndarray:
         """Jaeger's walk from the window's end, children clipped to their parents."""
-        k, virtual = self.k, self.k
-        par = np.where(self.parent < 0, virtual, self.parent)
-        par = np.where(self.is_root, virtual, par)
-        lo, hi = self.lo.copy(), self.hi.copy()
-        ext_lo = np.concatenate([lo, self.a], axis=1)
-        ext_hi = np.concatenate([hi, self.b], axis=1)
-        for _ in range(k):
-            new_lo = np.maximum(self.lo, np.take_along_axis(ext_lo, par, axis=1))
-            new_hi = np.minimum(self.hi, np.take_along_axis(ext_hi, par, axis=1))
-            if np.array_equal(new_lo, ext_lo[:, :k]) and np.array_equal(new_hi, ext_hi[:, :k]):
-                break
-            ext_lo[:, :k], ext_hi[:, :k] = new_lo, new_hi
-        lo, hi = ext_lo[:, :k], ext_hi[:, :k]
-        live = self.inc & (hi > lo)
-        # rank by (end, start, span_id): the walk takes the child that ends last.
-        order = np.lexsort((*self._sid[::-1], lo, hi), axis=-1)
-        rank = np.argsort(order, axis=1)
-        rank = np.where(live, rank, -1)
-        sib = (par[:, :, None] == par[:, None, :]) & live[:, :, None] & live[:, None, :]
-        sib &= ~np.eye(k, dtype=bool)[None]
-        first = live & ~(sib & (rank[:, None, :] > rank[:, :, None])).any(axis=2)
-        before = sib & (hi[:, None, :] <= lo[:, :, None])
-        best = np.where(before, rank[:, None, :], -1).max(axis=2)
-        nxt = np.where(best >= 0, np.where(before, rank[:, None, :], -1).argmax(axis=2), -1)
-        chain = first.copy()
-        for _ in range(k):
-            r, c = np.nonzero(chain & (nxt >= 0))
-            grown = np.zeros_like(chain)
-            grown[r, nxt[r, c]] = True
-            if not (grown & ~chain).any():
-                break
-            chain |= grown
-        on = chain.copy()
-        for _ in range(k):
-            parent_on = np.where(
-                par == virtual, True, take_rows(on, np.where(par == virtual, 0, par), False)
-            )
-            new = chain & parent_on
-            if np.array_equal(new, on):
-                break
-            on = new
-        length = np.where(on, hi - lo, 0)
-        flat = (np.arange(self.n)[:, None] * (k + 1) + par).ravel()
-        child = _buckets.row_sums(flat, length, self.n * (k + 1)).reshape(self.n, k + 1)
-        own = np.where(on, length - child[:, :k], 0)
-        att = self._sum_by_stage(self.out_stage, own)
-        att[:, CODE["unattributed"]] += (self.b - self.a)[:, 0] - child[:, k]
-        return att
+        return critical_path(self)

@@ -250,6 +250,20 @@ def row_shift(
     Raises:
         ValueError: two offsets for one server clock.
     """
+    found = row_shift_parts(clock, clock_values, offsets, trace, service)
+    return None if found is None else found[0]
+
+
+def row_shift_parts(
+    clock: np.ndarray,
+    clock_values: Sequence[str],
+    offsets: Sequence[ClockOffset],
+    trace: Callable[[], np.ndarray],
+    service: Callable[[], np.ndarray],
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """`row_shift`, and which ``gpu:*`` rows found no host clock in their trace (None: none),
+    so took their service's in the table, which a part of it may not show: ``assemble``
+    moves their joined copies with their chunks instead."""
     by_clock: dict[str, int] = {}
     for o in offsets:
         if o.server_clock in by_clock:
@@ -262,7 +276,7 @@ def row_shift(
     gpu_values = [i for i, v in enumerate(clock_values) if v.startswith(GPU_CLOCK_PREFIX)]
     is_gpu = col.among(clock, gpu_values, len(clock_values))
     if not is_gpu.any():
-        return shift
+        return shift, None
     host_value = np.array(
         [v != CLIENT_CLOCK and not v.startswith(GPU_CLOCK_PREFIX) for v in clock_values] + [False]
     )
@@ -286,12 +300,15 @@ def row_shift(
     hosts = np.flatnonzero(is_host & gpu_trace[trace_codes])
     home = _only_host(by_trace(gpu_rows), by_trace(hosts), rank[clock[hosts]])
     left = home < 0
+    untraced = None
     if left.any():
+        untraced = np.zeros(len(clock), bool)
+        untraced[gpu_rows[left]] = True
         hosts = np.flatnonzero(is_host)
         home[left] = _only_host(by_service(gpu_rows[left]), by_service(hosts), rank[clock[hosts]])
     found = home >= 0
     shift[gpu_rows[found]] = per_value[by_rank[home[found]]]
-    return shift
+    return shift, untraced
 
 
 def _only_host(want: np.ndarray, have: np.ndarray, host_rank: np.ndarray) -> np.ndarray:

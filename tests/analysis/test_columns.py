@@ -10,13 +10,8 @@ import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ttft.analysis._columns import (
-    codes,
-    group_order,
-    id_values,
-    id_words,
-    int_attribute,
-)
+from ttft.analysis._columns import codes, group_order, int_attribute
+from ttft.analysis._ids import id_values, id_words
 
 
 def test_hex_ids_compare_like_their_strings():

@@ -399,3 +399,55 @@ def test_regime_rows_of_partitions_equal_one_process(partitions):
     order = ["context_before", "chunk_tokens", "dur_ns"]
     pd.testing.assert_frame_equal(by_request(chunks, *order), by_request(single, *order))
     assert chunks.attrs["peaks"] == peaks
+
+
+def _untraced_gpu_trace() -> pa.Table:
+    """Ten requests on server clock ``host:a`` (10 ms ahead of the client), each with a
+    chunk whose gpu span lives in an engine trace of its own without a host-clock row,
+    and one unrelated request of the same service on ``host:b``: the service has two host
+    clocks in the table, one in most partitions."""
+    from _build import event, row, table
+
+    ahead = 10_000_000
+    rows = []
+    for i in range(10):
+        t0, tr = i * 10_000_000, i + 1
+        rows += [
+            row(tr, 1, "client", t0, t0 + 1_000_000, clock="client", service="loadgen",
+                request_id=f"r{i}"),
+            event(tr, 2, "first_token", t0 + 850_000, parent=1, clock="client",
+                  service="loadgen"),
+            row(tr, 3, "server", t0 + 100_000 + ahead, t0 + 900_000 + ahead, parent=1,
+                clock="host:a", request_id=f"r{i}"),
+            row(tr, 4, "prefill.chunk", t0 + 200_000 + ahead, t0 + 600_000 + ahead, parent=3,
+                clock="host:a", step_id=i),
+            event(tr, 5, "first_byte", t0 + 800_000 + ahead, parent=3, clock="host:a"),
+            row(100 + i, 1, "gpu", t0 + 250_000 + ahead, t0 + 650_000 + ahead, clock="gpu:0",
+                step_id=i),
+        ]
+    t0 = 200_000_000
+    rows += [
+        row(50, 1, "client", t0, t0 + 1_000_000, clock="client", service="loadgen",
+            request_id="other"),
+        event(50, 2, "first_token", t0 + 850_000, parent=1, clock="client", service="loadgen"),
+        row(50, 3, "server", t0 + 100_000, t0 + 900_000, parent=1, clock="host:b",
+            request_id="other"),
+        event(50, 5, "first_byte", t0 + 800_000, parent=3, clock="host:b"),
+    ]
+    return table(rows)
+
+
+@pytest.mark.parametrize("partitions", (1, 2, 3, 5))
+def test_a_gpu_span_without_a_host_clock_in_its_trace_moves_with_its_chunk(partitions):
+    """Found: such a gpu span followed its service's one host clock in the table, which a
+    partition without the ``host:b`` request showed and the whole table did not, so
+    ``--workers`` moved gpu time the single process left alone. Its copy now moves with
+    the chunk that joined it, in the whole table and in every partition alike."""
+    whole = _untraced_gpu_trace()
+    single = one_process(whole, "client", "exclusive")
+    applied = [c for c in single.summary.to_dict()["clocks"] if c["applied"]]
+    assert [c["server_clock"] for c in applied] == ["host:a"]
+    gpu = single.attribution.attributed["gpu"].to_numpy()
+    assert sorted(gpu.tolist()) == [0] + [400_000] * 10  # all of each chunk's gpu span
+    _, merged = in_partitions(split(whole, partitions), "client", "exclusive")
+    assert merged.to_dict() == single.summary.to_dict()

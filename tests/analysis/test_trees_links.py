@@ -255,7 +255,8 @@ def test_a_reused_step_id_joins_the_engine_trace_nearest_in_time(later_ns):
     from ttft.analysis.attribution import attribute
 
     def run(trace: int, engine: int, t0: int, gpu_ns: int) -> list[dict]:
-        return [row(trace, 1, "server", t0, t0 + 100), row(trace, 2, "queue", t0, t0 + 10, parent=1),
+        return [row(trace, 1, "server", t0, t0 + 100),
+                row(trace, 2, "queue", t0, t0 + 10, parent=1),
                 row(trace, 3, "prefill.chunk", t0 + 10, t0 + 60, parent=1, step_id=7),
                 row(trace, 4, "sample", t0 + 60, t0 + 70, parent=1),
                 event(trace, 5, "first_byte", t0 + 80, parent=1),
@@ -274,3 +275,40 @@ def test_a_reused_step_id_joins_the_engine_trace_nearest_in_time(later_ns):
         assert [by_trace[tid] for tid in sorted(by_trace)] == alone
         assert asm.quality.counts["reused_step_id"] == 2
         assert len(asm.spans.req) == 2 * 5  # one gpu copy per request, not two
+
+
+def _answers(rows, policy):
+    """The distinct (nonzero) parts of request 0 over every order of ``rows``."""
+    import itertools
+
+    from _build import table
+
+    from ttft.analysis.assemble import assemble
+    from ttft.analysis.attribution import attribute
+
+    seen = set()
+    for perm in itertools.permutations(range(len(rows))):
+        got = attribute(assemble(table([rows[i] for i in perm])), "server", policy)
+        seen.add(tuple(sorted((k, int(v)) for k, v in got.attributed.iloc[0].items() if v)))
+    return seen
+
+
+def test_one_span_id_in_two_traces_of_a_request_is_ordered_by_stage_then_trace():
+    """Found by an adversarial run: spans of one id in two traces of a request (joined by
+    request id) that tie on every other key were ordered by column, so row order chose the
+    exclusive winner, the shared remainder and the critical path's child."""
+    from _build import event, row
+
+    tie = [row(1, 2, "server", 0, 1000, request_id="r"), event(1, 3, "first_byte", 1000, parent=2),
+           row(1, 5, "tokenize", 100, 500, request_id="r"),
+           row(2, 5, "detokenize", 100, 401, request_id="r")]
+    # tokenize and detokenize share a priority: the stage name decides, as in the reference
+    assert _answers(tie, "exclusive") == {(("server", 600), ("tokenize", 400))}
+    assert _answers(tie, "shared") == {(("detokenize", 150), ("server", 600), ("tokenize", 250))}
+    siblings = [row(1, 1, "server", 0, 1000, request_id="r"),
+                event(1, 9, "first_byte", 1000, parent=1),
+                row(1, 5, "prefill", 100, 500, parent=1, request_id="r"),
+                row(1, 6, "sample", 300, 500, parent=5, request_id="r"),
+                row(2, 5, "prefill", 100, 500, request_id="r"),
+                row(2, 7, "prefill.chunk", 300, 500, parent=5, request_id="r")]
+    assert len(_answers(siblings, "critical-path")) == 1
