@@ -117,7 +117,8 @@ class Summary:
     (``requests_ok``, the ones every TTFT figure is over) and the failed ones (``failures``:
     count by outcome, in ``OUTCOMES`` order; ``failure_examples``: up to three per outcome,
     with trace id, status code and error; ``failed_first_token``: the failed requests that
-    did see a first token, with their TTFT, else None).
+    did see a first token, with their TTFT, else None). ``ttft_ms`` (p50, p90, p99, mean
+    over the ``requests_ok``) is None when there is none: no figure is made up.
     ``stages`` maps a stage to ``p50, p90, p99, mean, share, raw_mean, overlap_mean``;
     ``conditions`` maps ``cold`` / ``prefix_hit`` to ``requests, ttft_ms, stages,
     failures``;
@@ -152,7 +153,7 @@ class Summary:
     failures: dict[str, int]
     failure_examples: dict[str, list[dict[str, Any]]]
     failed_first_token: dict[str, Any] | None
-    ttft_ms: dict[str, float]
+    ttft_ms: dict[str, float] | None
     stages: dict[str, dict[str, float]]
     conditions: dict[str, dict[str, Any]]
     itl_ms: dict[str, float] | None
@@ -244,7 +245,6 @@ def summarize(
                 "stages": _stages_dict(stage_table(attr, mask)),
                 "failures": _failure_counts(failed[failed["condition"] == cond]),
             }
-    empty = {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
     clocks = clock_list(attr)
     disagree = any(c["applied"] or c["violations_after"] for c in clocks)
     return Summary(
@@ -257,7 +257,7 @@ def summarize(
         failures=_failure_counts(failed),
         failure_examples=_failure_examples(failed),
         failed_first_token=_failed_first_token(failed),
-        ttft_ms=_ms(ttft) if len(ttft) else empty,
+        ttft_ms=_ms(ttft) if len(ttft) else None,  # no made-up 0 ms: no ok request had one
         stages=_stages_dict(stage_table(attr)),
         conditions=by_condition,
         **summarize_values(decode),

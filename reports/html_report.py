@@ -98,10 +98,12 @@ def _headline(data: ReportData) -> str:
         cards.append(
             f'<div class="card"><h3>{_e(data.group_label[group])}</h3>'
             f"{_failures(part['failures'], int(mask.sum()))}"
-            f'<div><span class="big">{_ms(ttft["p50"])}</span> <span class="unit">ms TTFT '
-            f"p50 · {int(mask.sum()):,} ok requests</span></div>"
-            f'<div class="pcts"><span>p90 <b>{_ms(ttft["p90"])}</b> ms</span>'
-            f"<span>p99 <b>{_ms(ttft['p99'])}</b> ms</span></div>{big}</div>"
+            + (f'<div><span class="unit">no TTFT: no request that did not fail has a window '
+               "at this boundary</span></div></div>" if ttft is None else
+               f'<div><span class="big">{_ms(ttft["p50"])}</span> <span class="unit">ms TTFT '
+               f"p50 · {int(mask.sum()):,} ok requests</span></div>"
+               f'<div class="pcts"><span>p90 <b>{_ms(ttft["p90"])}</b> ms</span>'
+               f"<span>p99 <b>{_ms(ttft['p99'])}</b> ms</span></div>{big}</div>")
         )
     return f'<div class="cards">{"".join(cards)}{_load(data)}</div>'
 
@@ -179,7 +181,7 @@ def _raw_table(data: ReportData) -> str:
         f'<tr class="total"><td>sum</td><td>{_ms(raw_total)}</td><td>{_ms(att_total)}</td>'
         f"<td>{_ms(raw_total - att_total)}</td><td></td></tr>"
     )
-    ttft_mean = data.summary.ttft_ms["mean"]
+    ttft_mean = data.summary.ttft_ms["mean"]  # stages exist: some request has a TTFT
     return (
         "<table><tr><th>stage</th><th>raw mean ms (durations clipped to the window)</th>"
         "<th>attributed mean ms</th><th>overlap ms (double counting avoided)</th>"

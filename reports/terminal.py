@@ -94,7 +94,7 @@ def _bar(share: float, bar_width: int) -> Text:
     return bar
 
 
-def stage_table(title: str, ttft_ms: dict[str, float], stages: dict[str, dict],
+def stage_table(title: str, ttft_ms: dict[str, float] | None, stages: dict[str, dict],
                 console: Console) -> Table:
     """One table: a row per stage (largest share first), TTFT percentiles in the caption,
     fitted to ``console.width``: the raw mean and overlap columns left out first, then the
@@ -108,9 +108,11 @@ def stage_table(title: str, ttft_ms: dict[str, float], stages: dict[str, dict],
 
 
 def _stage_table(
-    title: str, ttft_ms: dict[str, float], stages: dict[str, dict], bar_width: int
+    title: str, ttft_ms: dict[str, float] | None, stages: dict[str, dict], bar_width: int
 ) -> Table:
-    caption = "TTFT  " + "  ".join(f"{k} {v:,.2f} ms" for k, v in ttft_ms.items())
+    caption = ("TTFT  none: no request that did not fail has a window at this boundary"
+               if ttft_ms is None else
+               "TTFT  " + "  ".join(f"{k} {v:,.2f} ms" for k, v in ttft_ms.items()))
     table = Table(
         title=plain(title, "table.title"),
         caption=caption,

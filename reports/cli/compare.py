@@ -88,16 +88,23 @@ def compare(
                                                   mapping, slo)
     chosen = attrs[0].boundary
     load = compare_load(*summaries)
+    # A trace whose every request failed has no TTFT to compare, and its failure rate is
+    # what a gate must catch: the rates are compared whenever either trace has requests.
+    empty = [path for path, attr in zip((a, b), attrs, strict=True) if len(attr.requests) == 0]
     for path, attr in zip((a, b), attrs, strict=True):
-        if len(attr.requests) == 0:
+        if len(attr.requests) == 0 and len(attr.failed) == 0:
             raise fail(f"{path}: no request has a TTFT window at the {chosen} boundary")
     with progress(f"bootstrapping {resamples:,} resamples per trace"):
-        table = compare_attributions(
+        table = None if empty else compare_attributions(
             attrs[0], attrs[1], resamples=resamples, seed=seed, confidence=_CONFIDENCE
         )
         failures = compare_failures(
             attrs[0], attrs[1], resamples=resamples, seed=seed, confidence=_CONFIDENCE
         )
+    for path in empty:
+        err.print(plain(f"{path}: no request that did not fail has a TTFT window at the "
+                        f"{chosen} boundary: TTFT is not compared, failure rates are"),
+                  soft_wrap=True)
     if as_json:
         out = {
             "a": str(a),
@@ -106,7 +113,7 @@ def compare(
             "policy": policy.value,
             "resamples": resamples,
             "seed": seed,
-            "rows": _records(table),
+            "rows": [] if table is None else _records(table),
             "failures": _records(failures),
             "slo": {f"{name}_ms": ms for name, ms in slo.items()} if slo else None,
             "load": _records(load),
@@ -124,10 +131,11 @@ def compare(
 
         console = stdout_console()
         render_failure_rates(failures, console, _CONFIDENCE)
-        render_compare(
-            table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts,
-            console, _CONFIDENCE, side_deployments(metadata, attrs),
-        )
+        if table is not None:
+            render_compare(
+                table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts,
+                console, _CONFIDENCE, side_deployments(metadata, attrs),
+            )
         good = summaries[0].goodput
         render_load_compare(load, console, slo_text(good["slo"]) if good else None)
     if max_regression is None:
@@ -135,7 +143,8 @@ def compare(
     lines = [
         f"TTFT p{row.percentile} ({row.condition}) {row.delta_pct:+.1f}% "
         f"[CI {row.ci_lo_ms:+,.1f}…{row.ci_hi_ms:+,.1f} ms] exceeds {max_regression:g}%"
-        for row in regressions(table, max_regression).itertuples(index=False)
+        for row in (() if table is None else
+                    regressions(table, max_regression).itertuples(index=False))
     ] + [
         f"failures ({row.condition}) {row.a_rate:.1%} → {row.b_rate:.1%} "
         f"[CI of the rise {row.ci_lo_pp:+.1f}…{row.ci_hi_pp:+.1f} points] "
@@ -178,9 +187,11 @@ def _dataset_metadata(paths: tuple[Path, Path]) -> list[dict]:
 
 def _common_boundary(supported: list[tuple[str, ...]], paths: tuple[Path, Path]) -> str:
     """The outermost boundary that both traces support (some request has its window;
-    ``supported`` lists each trace's)."""
+    ``supported`` lists each trace's); a trace that supports none (every request failed
+    before a first token) takes the other's, where only failure rates are compared."""
+    known = [names for names in supported if names] or supported
     for name in BOUNDARY_NAMES:
-        if all(name in names for names in supported):
+        if all(name in names for names in known):
             return name
     what = "; ".join(
         f"{path} supports {', '.join(names) or 'none'}"

@@ -171,3 +171,29 @@ def test_outcomes_are_read_from_top_level_keys_whatever_the_nesting_or_escapes()
     attributes = pa.chunked_array([pa.array(texts, pa.string())])
     got = client_outcomes(attributes, np.arange(len(texts))).tolist()
     assert got == ["ok", "shed", "ok", "disconnected", "shed", "timeout", "ok", "shed"]
+
+
+@pytest.mark.parametrize("kind", ["timeout", "shed"])
+def test_a_run_whose_every_request_failed_is_a_failure_regression_not_an_error(tmp_path, kind):
+    """Found: compare stopped (exit 2) when B had no ok request, so a gate never saw the
+    service go down; and analyze --json gave that run a TTFT of 0.0 ms."""
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    write_trace(a, table(shed_trace(40, 0)))
+    # timed out after a first token (a window, no ok request), or shed before one (none)
+    rows = []
+    for i in range(30):
+        rows += client(100 + i, 20 if kind == "timeout" else None, outcome=kind,
+                       error="timed out" if kind == "timeout" else "HTTP 503", status_code=503)
+    write_trace(b, table(rows))
+    runner = CliRunner()
+    data = json.loads(runner.invoke(app, ["analyze", str(b), "--json"]).stdout)
+    assert (data["requests"], data["requests_ok"], data["ttft_ms"]) == (30, 0, None)
+    result = runner.invoke(app, ["compare", str(a), str(b), "--max-regression", "10",
+                                 "--resamples", "200"])
+    assert result.exit_code == 1, result.output
+    stderr = " ".join(result.stderr.split())
+    assert "failures (all) 0.0% → 100.0%" in stderr
+    assert "TTFT is not compared" in stderr and "TTFT p" not in stderr
+    out = json.loads(runner.invoke(app, ["compare", str(a), str(b), "--json",
+                                         "--resamples", "200"]).stdout)
+    assert out["rows"] == [] and out["failures"][0]["b_rate"] == 1.0
