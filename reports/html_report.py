@@ -98,7 +98,7 @@ def _headline(data: ReportData) -> str:
         cards.append(
             f'<div class="card"><h3>{_e(data.group_label[group])}</h3>'
             f"{_failures(part['failures'], int(mask.sum()))}"
-            + (f'<div><span class="unit">no TTFT: no request that did not fail has a window '
+            + ('<div><span class="unit">no TTFT: no request that did not fail has a window '
                "at this boundary</span></div></div>" if ttft is None else
                f'<div><span class="big">{_ms(ttft["p50"])}</span> <span class="unit">ms TTFT '
                f"p50 · {int(mask.sum()):,} ok requests</span></div>"

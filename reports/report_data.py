@@ -159,7 +159,14 @@ def combine_report(summary: Summary, metadata: dict[str, Any], attr: Attribution
         blame_rows: `ttft.analysis.blame.blame` of every request.
         points: `ttft.analysis.prefill.prefill_points` of every request.
         regime: the regime, its per-chunk frame of every chunk.
+
+    Blame and the prefill fit are over the requests every TTFT figure is over (those that
+    did not fail and have a window at the boundary, ``attr.requests``), so their counts
+    agree with the headline's; the regime describes the device, from every chunk it ran.
     """
+    shown = set(attr.requests["trace_id"])  # a request's smallest trace id names it
+    blame_rows = blame_rows[blame_rows["trace_id"].isin(shown)]
+    points = points[points["trace_id"].isin(shown)]
     conditions = attr.requests["condition"].to_numpy()
     groups = {"all": np.ones(len(conditions), bool)}
     for cond in CONDITIONS:

@@ -65,3 +65,37 @@ def test_lane_order_puts_client_then_host_then_gpu():
         "host:a steps · 1",
         "gpu:0 · 1",
     ]
+
+
+def test_blame_and_the_prefill_fit_are_over_the_requests_the_ttft_figures_are_over():
+    """Found: the report's wait blame and prefill fit counted failed requests and those
+    without a window, so its queue row said 20 requests beside a headline of 15."""
+    import json
+
+    import pyarrow as pa
+
+    from ttft.analysis.blame import blame, blame_summary
+
+    table = generate(40, seed=4).table
+    stages = table.column("stage").cast(pa.string()).to_pylist()
+    traces = table.column("trace_id").to_pylist()
+    failed = {t for t, s in zip(traces, stages, strict=True) if s == "client"}
+    failed = set(sorted(failed)[:6])
+    attrs = [json.dumps({"outcome": "timeout", "error": "timed out"})
+             if s == "client" and t in failed else a
+             for s, a, t in zip(stages, table.column("attributes").to_pylist(), traces,
+                                strict=True)]
+    table = table.set_column(table.schema.get_field_index("attributes"), "attributes",
+                             pa.array(attrs, pa.string()))
+    analysis = analyze(table, trace="synth")
+    data = report_data.build_report(analysis)
+    ok = set(data.attribution.requests["trace_id"])
+    assert len(ok) == 34 and not ok & failed
+    every = blame(analysis.assembly)
+    assert set(every["trace_id"]) & failed  # blame itself covers every request
+    queue = data.blame[(data.blame["condition"] == "all") & (data.blame["wait"] == "queue")]
+    want = blame_summary(every[every["trace_id"].isin(ok)])
+    want = want[(want["condition"] == "all") & (want["wait"] == "queue")]
+    assert int(queue["requests"].iloc[0]) == int(want["requests"].iloc[0]) <= 34
+    assert queue.reset_index(drop=True).equals(want.reset_index(drop=True))
+    assert set(data.prefill_points["trace_id"]) <= ok
