@@ -207,8 +207,8 @@ def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key:
     (ascending); -1 where absent or not an integer.
 
     By Arrow's RE2, no JSON parse per row: ``"key"``, optional whitespace, ``:``, optional
-    whitespace, an optional ``-`` and 1 to 18 digits that no digit, ``.``, ``e`` or ``E``
-    follows. The first match is the top-level key in an object holding no other object and
+    whitespace, an optional ``-`` and 1 to 18 digits, then an optional ``.`` and zeros (an
+    integer sent as a double), that no digit, ``.``, ``e`` or ``E`` follows. The first match is the top-level key in an object holding no other object and
     no backslash (`json_shapes`: in what every ttft writer produces, all of them); in an
     object holding another, a nested one may come first, and the expression must see nothing but
     ``{`` and text without another ``{`` before the key. A text with a backslash (an
@@ -222,7 +222,7 @@ def int_attribute(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key:
     sub = take(attributes, rows)
     if pa.types.is_dictionary(sub.type) or pa.types.is_large_string(sub.type):
         sub = sub.cast(pa.string())
-    number = "(?P<v>-?[0-9]{1,18})(?:[^.0-9eE]|$)"
+    number = "(?P<v>-?[0-9]{1,18})(?:\\.0*)?(?:[^.0-9eE]|$)"  # 3.0: OTLP's doubleValue
     name = json.dumps(key)
     tail = f"{re.escape(name)}{_BLANK}:{_BLANK}{number}"
     out = _extracted(sub, tail)
@@ -280,12 +280,21 @@ def json_shapes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 def _parsed_int(text: str, key: str) -> int:
     """`int_attribute` of one JSON text by a full parse (-1 where malformed)."""
     try:
-        value = json.loads(text).get(key)
+        value = json_int(json.loads(text).get(key))
     except (ValueError, AttributeError):
         return -1
+    return -1 if value is None else value
+
+
+def json_int(value: object) -> int | None:
+    """A parsed JSON value as an integer attribute: an int, or a float with no fraction
+    (OTLP sends some integers as ``doubleValue``), below 10^18 in magnitude; else None
+    (a bool is no integer)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**18:
         return value
-    return -1
+    return None
 
 
 def smallest_by_value(

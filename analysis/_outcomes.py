@@ -99,8 +99,8 @@ def _outcome_of(value: dict) -> str:
     error = value.get(ATTR_ERROR)
     if not isinstance(error, str):
         return OUTCOME_OK
-    status = value.get(ATTR_STATUS_CODE)
-    status = status if isinstance(status, int) and not isinstance(status, bool) else -1
+    status = col.json_int(value.get(ATTR_STATUS_CODE))
+    status = -1 if status is None else status
     if status in _SHED:
         return "shed"
     if status >= 0 and status != 200:
@@ -142,8 +142,7 @@ def failure_details(attributes: pa.ChunkedArray, rows: np.ndarray) -> tuple[list
             value = {}
         value = value if isinstance(value, dict) else {}
         status, error = value.get(ATTR_STATUS_CODE), value.get(ATTR_ERROR)
-        statuses.append(status if isinstance(status, int) and not isinstance(status, bool)
-                        else None)
+        statuses.append(col.json_int(status))
         errors.append(error if isinstance(error, str) else None)
     return statuses, errors
 

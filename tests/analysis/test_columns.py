@@ -68,7 +68,8 @@ def test_int_attribute_reads_integers_only():
         '{"step_id":999999999999999999}',
     ]
     got = int_attribute(pa.array(values), np.arange(len(values)), "step_id")
-    assert got.tolist() == [5, -1, -1, -7, 123456789012, -1, -1, -1, -1, -1, 999999999999999999]
+    # 2e3 is the integer 2000 written as a double (as OTLP's doubleValue may send it)
+    assert got.tolist() == [5, -1, -1, -7, 123456789012, -1, -1, -1, -1, 2000, 999999999999999999]
 
 
 @given(st.lists(st.one_of(st.none(), st.integers(-(10**17), 10**17)), max_size=30))
@@ -84,6 +85,11 @@ def test_int_attribute_takes_a_later_occurrence_when_the_first_does_not_parse():
     texts = ['{"k":"x","k":4}', '{"a":"k","k": 12}', '"k""k":3', '"k":' + " " * 50 + "8"]
     got = int_attribute(pa.array(texts), np.arange(4), "k")
     assert got.tolist() == [4, 12, -1, -1]  # text that is no JSON object holds no key
+
+
+def test_int_attribute_reads_integers_sent_as_doubles():
+    texts = ['{"k":3.0}', '{"k":3.50}', '{"k":-2.000,"x":1}', '{"k":1e3}', '{"k":true}']
+    assert int_attribute(pa.array(texts), np.arange(5), "k").tolist() == [3, -1, -2, 1000, -1]
 
 
 def test_int_attribute_reads_the_top_level_key_only():
@@ -109,13 +115,16 @@ _json_values = st.recursive(
                                           _json_values, max_size=4),
                           st.booleans(), st.booleans()), max_size=20))
 def test_int_attribute_equals_a_json_parse(objects):
-    """Against ``json.loads``: the top-level ``k`` when it is an integer below 10^18 in
-    magnitude (not a bool), else -1; whatever the nesting, escapes and spacing."""
+    """Against ``json.loads``: the top-level ``k`` when it is an integer (or a double with
+    no fraction) below 10^18 in magnitude (not a bool), else -1; whatever the nesting,
+    escapes and spacing."""
     texts, want = [], []
     for obj, ascii_only, spaced in objects:
         texts.append(json.dumps(obj, ensure_ascii=ascii_only,
                                 separators=(", ", ": ") if spaced else (",", ":")))
         v = obj.get("k")
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)  # an integer sent as a double
         ok = isinstance(v, int) and not isinstance(v, bool) and abs(v) < 10**18
         want.append(v if ok else -1)
     got = int_attribute(pa.array(texts, pa.string()), np.arange(len(texts)), "k")
