@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -156,6 +158,10 @@ def serve(
 
     tracing = configure("ttft-server", exporters)
     forward_worker_spans(engine, tracing)
+    # uvicorn re-raises the signal it stopped on once it has shut down; SIGTERM's default
+    # action would then kill the process before the tracer flushes (the parts of a
+    # --trace-out file never merged): a handler makes it an exit, with the usual status.
+    previous = _exit_on(signal.SIGTERM)
     try:
         app = create_app(engine, model_name=model_name, api_key=api_key)
         config = uvicorn.Config(
@@ -168,3 +174,17 @@ def serve(
         uvicorn.Server(config).run(sockets=None if sock is None else [sock])
     finally:
         tracing.shutdown()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on(signum: int) -> Any:
+    """Turn ``signum`` into ``SystemExit(128 + signum)`` (so ``finally`` blocks run); the
+    handler it replaces, or None off the main thread (where no handler can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def leave(sig: int, frame: Any) -> None:
+        raise SystemExit(128 + sig)
+
+    return signal.signal(signum, leave)

@@ -111,3 +111,42 @@ def test_serve_trace_and_analyze(tmp_path):
         check=True,
     )
     assert json.loads(engine.stdout)["stages"]["queue"]["p50"] >= 30.0
+
+
+def test_sigterm_shuts_down_and_writes_the_trace_file(tmp_path):
+    """Found: uvicorn re-raises the signal it stopped on, and SIGTERM's default action then
+    killed the process before the tracer flushed: only FILE.parts/ was left, never FILE."""
+    port = free_port()
+    trace = tmp_path / "server.parquet"
+    env = {**os.environ, "TTFT_CACHE_DIR": str(tmp_path / "cache")}
+    with (tmp_path / "serve.log").open("w") as log:
+        server = subprocess.Popen(
+            [ttft_script(), "serve", "--model", "tiny", "--device", "cpu", "--port", str(port),
+             "--trace-out", str(trace)],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert server.poll() is None, (tmp_path / "serve.log").read_text()
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.2)
+            reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                               json={"model": "tiny", "prompt": "hello there", "max_tokens": 3})
+            assert reply.status_code == 200
+        finally:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+                raise
+    assert server.returncode == 128 + signal.SIGTERM, (tmp_path / "serve.log").read_text()
+    assert trace.is_file() and not Path(f"{trace}.parts").exists()
+    assert read_spans(trace).num_rows > 0
