@@ -30,11 +30,15 @@ def critical_path(block) -> np.ndarray:
     # rank by (end, start, span_id): the walk takes the child that ends last.
     keys = (*block.sid[::-1], lo, hi)
     order = np.lexsort(keys, axis=-1)
-    ranked = [np.take_along_axis(key, order, axis=1) for key in keys]
-    same = np.ones((block.n, max(k - 1, 0)), bool)
-    for key in ranked:
-        same &= key[:, 1:] == key[:, :-1]
-    tied = np.flatnonzero(same.any(axis=1))
+    # Neighbours tied on every key share the span id's high word (random: rarely shared),
+    # so the other keys are compared only in the rows where some neighbours share it.
+    first = np.take_along_axis(keys[1], order, axis=1)
+    maybe = np.flatnonzero((first[:, 1:] == first[:, :-1]).any(axis=1))
+    same = np.ones((len(maybe), max(k - 1, 0)), bool)
+    for key in keys:
+        ranked = np.take_along_axis(key[maybe], order[maybe], axis=1)
+        same &= ranked[:, 1:] == ranked[:, :-1]
+    tied = maybe[same.any(axis=1)]
     if len(tied):  # one id in two traces: the stage, then the trace id decide
         stage, trace = block.ties(tied)
         order[tied] = np.lexsort((trace, stage, *(key[tied] for key in keys)), axis=-1)
