@@ -3,6 +3,7 @@ trace it wrote analyzed by `ttft analyze`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +25,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(server: subprocess.Popen, port: int, log: Path) -> None:
+    """Poll ``/health`` until the server answers 200 (60 s at most; it must stay alive)."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert server.poll() is None, log.read_text()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.2)
 
 
 def ttft_script() -> str:
@@ -56,16 +69,7 @@ def test_serve_trace_and_analyze(tmp_path):
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
+        wait_healthy(server, port, tmp_path / "serve.log")
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30
         )
@@ -126,16 +130,7 @@ def test_sigterm_shuts_down_and_writes_the_trace_file(tmp_path):
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert server.poll() is None, (tmp_path / "serve.log").read_text()
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.2)
+            wait_healthy(server, port, tmp_path / "serve.log")
             reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
                                json={"model": "tiny", "prompt": "hello there", "max_tokens": 3})
             assert reply.status_code == 200
