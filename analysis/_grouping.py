@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from ttft.analysis import _columns as col
 from ttft.analysis import clocks
-from ttft.analysis._trees import CODE, N_STAGES
+from ttft.analysis._trees import CODE, N_STAGES, value_rank
 from ttft.tracer.schema import (
     ATTR_STEP_ID,
     BOUNDARY_EVENTS,
@@ -217,16 +217,12 @@ def join_gpu(
     if not mixed.any():
         return left, right, empty
     pick = np.flatnonzero(mixed[group])
-    used = np.unique(pair_trace[pick])
-    rank = np.zeros(len(trace_values), np.int64)
-    rank[used[np.argsort(np.asarray([trace_values[c] for c in used], dtype=object))]] = (
-        np.arange(len(used)))
     g_start = start[right[pick]]
     if untraced is not None and shift is not None:
         moved = untraced[right[pick]]
         g_start = np.where(moved, g_start - shift[right[pick]] + shift[left[pick]], g_start)
     distance = np.abs(g_start - start[left[pick]])
-    best = pick[np.lexsort((rank[pair_trace[pick]], distance, group[pick]))]
+    best = pick[np.lexsort((value_rank(pair_trace[pick], trace_values), distance, group[pick]))]
     firsts = np.flatnonzero(np.r_[True, group[best][1:] != group[best][:-1]])
     chosen = np.full(len(chunks), -1, np.int64)
     chosen[group[best[firsts]]] = pair_trace[best[firsts]]
