@@ -31,9 +31,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.reports._perfetto_check import validate_events
-from ttft.tracer.schema import CLIENT_CLOCK, COLUMNS, REQUEST_STAGES
+from ttft.tracer.schema import CLIENT_CLOCK, COLUMNS, REQUEST_STAGES, SCHEMA_VERSION
 
-__all__ = ["perfetto_events", "request_traces", "validate_events", "write_perfetto"]
+__all__ = ["EXPORTER", "perfetto_events", "perfetto_trace", "request_traces", "validate_events",
+           "write_perfetto"]
+
+EXPORTER = "ttft"
+"""``otherData.exporter`` of `perfetto_trace`: the chrome importer reads span fields back."""
 
 CAT_REQUEST = "request"
 CAT_FLOW = "flow"
@@ -70,14 +74,36 @@ def perfetto_events(table: pa.Table, *, requests: int | None = 100) -> list[dict
     the engine ``step``/``forward``/``gpu`` spans overlapping their overall time range.
 
     Server clocks are first moved onto the client clock (``analysis.clocks``). Metadata
-    events come first, then the rest sorted by ``ts``; the list is what `write_perfetto`
-    writes and passes `validate_events`.
+    events come first, then the rest sorted by ``ts`` (µs from the earliest exported span);
+    the list passes `validate_events`.
     """
+    return _events(table, requests)[0]
+
+
+def perfetto_trace(table: pa.Table, *, requests: int | None = 100) -> dict[str, Any]:
+    """The trace-event JSON object `write_perfetto` writes: `perfetto_events` as
+    ``traceEvents``, ``displayTimeUnit`` ms, ``baseTimeNanoseconds`` (the epoch ns of
+    ``ts`` 0, absent without events) and ``otherData`` naming ttft as the exporter.
+
+    Every span's event carries its span fields in ``args`` (``trace_id``, ``span_id``,
+    ``parent_id``, ``request_id``, ``stage``, ``service``, ``clock``, ``attributes``), and
+    the ``ts`` are exact to the ns: ``ttft``'s chrome importer reads such a file back as
+    the exported spans (after the clock alignment above).
+    """
+    events, base_ns = _events(table, requests)
+    out: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
+    if base_ns is not None:
+        out["baseTimeNanoseconds"] = base_ns
+    out["otherData"] = {"exporter": EXPORTER, "schema_version": SCHEMA_VERSION}
+    return out
+
+
+def _events(table: pa.Table, requests: int | None) -> tuple[list[dict], int | None]:
     from ttft.analysis import clocks
 
     chosen = request_traces(table, requests)
     if not chosen:
-        return []
+        return [], None
     table = clocks.apply_offsets(table, clocks.estimate_offsets(table))
     in_req = pc.is_in(table.column("trace_id"), value_set=pa.array(chosen, pa.string()))
     req_rows = table.filter(in_req)
@@ -89,24 +115,21 @@ def perfetto_events(table: pa.Table, *, requests: int | None = 100) -> list[dict
             pc.greater_equal(table.column("end_ns"), lo),
         ),
     )
-    rows = _rows(table.filter(pc.or_(in_req, pc.and_(engine, pc.invert(in_req)))))
-    return _Builder(chosen, rows).build()
+    exported = table.filter(pc.or_(in_req, pc.and_(engine, pc.invert(in_req))))
+    builder = _Builder(chosen, _rows(exported))
+    return builder.build(), builder.t0
 
 
-def write_perfetto(path: str | PathLike[str], events: list[dict]) -> None:
-    """Write ``events`` as a trace-event JSON object file (``displayTimeUnit`` ms).
+def write_perfetto(path: str | PathLike[str], trace: dict[str, Any] | list[dict]) -> None:
+    """Write ``trace`` (`perfetto_trace`, or a list of events: written as ``traceEvents``
+    with ``displayTimeUnit`` ms) as a trace-event JSON object file.
 
     Raises:
         OSError: the file cannot be written.
     """
+    document = {"traceEvents": trace, "displayTimeUnit": "ms"} if isinstance(trace, list) else trace
     with open(path, "w", encoding="utf-8") as out:
-        json.dump(
-            {"traceEvents": events, "displayTimeUnit": "ms"},
-            out,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-        )
+        json.dump(document, out, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 class _Row:
@@ -225,10 +248,11 @@ class _Builder:
         return self.tid(pid, ("request", trace, lane), name, 1 + i, _REQ_TID + i + lane)
 
     def args(self, r: _Row) -> dict:
-        out = {"stage": r.stage, "trace_id": r.trace, "span_id": r.span}
-        if r.request is not None:
-            out["request_id"] = r.request
-        return {**out, "attributes": _attributes(r.attributes)}
+        out = {"stage": r.stage, "trace_id": r.trace, "span_id": r.span,
+               "parent_id": r.parent, "request_id": r.request, "service": r.service,
+               "clock": r.clock}
+        return {**{k: v for k, v in out.items() if v is not None},
+                "attributes": _attributes(r.attributes)}
 
     def emit(self, t_ns: int, event: dict) -> None:
         self.timed.append((t_ns, {"ph": event.pop("ph"), "ts": self.us(t_ns), **event}))

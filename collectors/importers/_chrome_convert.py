@@ -55,9 +55,10 @@ def _hash(*parts: Any, size: int) -> str:
 
 
 class Converter:
-    def __init__(self, file_name: str, base_ns: int) -> None:
+    def __init__(self, file_name: str, base_ns: int, *, exported: bool = False) -> None:
         self.file_name = file_name
         self.base_ns = base_ns
+        self.exported = exported  # ttft's own export: span fields are read back from args
         self.items: list[_Item] = []
         self.process_name: dict[Any, str] = {}
         self.process_labels: dict[Any, str] = {}
@@ -231,6 +232,9 @@ class Converter:
     def _rows(self) -> list[dict[str, Any]]:
         rows = []
         for item in self.items:
+            if self.exported and (row := _exported_row(item)) is not None:
+                rows.append(row)
+                continue
             process = self.process_name.get(item.pid) or _pid_text(item.pid)
             attributes = {**item.args}
             for key, value in (("cat", item.cat), ("tid", item.tid),
@@ -266,6 +270,35 @@ class Converter:
 
     def _span_id(self, index: int) -> str:
         return _hash(self.file_name, index, size=8)
+
+
+_EXPORTED_IDS = ("trace_id", "span_id", "stage")
+_EXPORTED_OPTIONAL = ("parent_id", "request_id", "clock", "service")
+
+
+def _exported_row(item: _Item) -> dict[str, Any] | None:
+    """The span ``ttft export --perfetto`` wrote as ``item``, its fields from the args (None
+    for an event without them, such as one added to the file afterwards)."""
+    args = item.args
+    if not all(isinstance(args.get(key), str) for key in _EXPORTED_IDS):
+        return None
+    optional = {key: args.get(key) for key in _EXPORTED_OPTIONAL}
+    if not all(value is None or isinstance(value, str) for value in optional.values()):
+        return None
+    attributes = args.get("attributes")
+    return {
+        "trace_id": args["trace_id"],
+        "span_id": args["span_id"],
+        "parent_id": optional["parent_id"],
+        "request_id": optional["request_id"],
+        "name": item.name,
+        "stage": args["stage"],
+        "start_ns": item.start_ns,
+        "end_ns": item.end_ns,
+        "clock": optional["clock"],
+        "service": optional["service"],
+        "attributes": _json(attributes) if isinstance(attributes, dict) and attributes else None,
+    }
 
 
 def _inside(item: _Item, outer: _Item, instant: bool) -> bool:

@@ -28,6 +28,11 @@ from `ttft_fields` (``ttft.stage`` arg, else the name: a
 ``record_function("prefill.chunk")`` label is a ``prefill.chunk`` span).
 ``args`` become the attributes, with ``cat``, ``tid`` and ``thread_name`` added.
 
+A file ``ttft export --perfetto`` wrote (``otherData.exporter`` ``"ttft"``) is read back as
+the spans it shows: each event whose args hold ``trace_id``, ``span_id`` and ``stage`` (as
+strings) takes its row's ids, request id, stage, service, clock and attributes from its args
+(its name and times from the event); other events follow the rules above.
+
 Times: ``ts``/``dur`` are µs, parsed exactly and rounded once to ns. With PyTorch's
 ``baseTimeNanoseconds`` the result is epoch ns; without it ``ts`` keeps the file's own
 zero and the metadata says ``"clock_epoch": false``.
@@ -81,7 +86,8 @@ class ChromeTrace:
                 path, f"field 'baseTimeNanoseconds': expected a 64-bit integer, got {base_ns!r}"
             )
         try:
-            rows, counts = Converter(path.name, base_ns or 0).convert(events)
+            rows, counts = Converter(path.name, base_ns or 0,
+                                     exported=_exported_by_ttft(document)).convert(events)
         except BadEvent as exc:
             raise TraceFileError(path, str(exc)) from None
         except RecursionError:
@@ -98,6 +104,11 @@ class ChromeTrace:
         if rest:
             metadata["trace_metadata"] = plain(rest)
         return rows_to_table(rows, path, self.name, **metadata)
+
+
+def _exported_by_ttft(document: dict[str, Any]) -> bool:
+    other = document.get("otherData")
+    return isinstance(other, dict) and other.get("exporter") == "ttft"
 
 
 def _load(path: Path) -> Any:

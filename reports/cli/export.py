@@ -87,13 +87,14 @@ def _write_csv(path: Path, analysis) -> None:
 
 
 def _write_perfetto(trace: str, table, perfetto: Path, requests: int) -> None:
-    from ttft.reports.perfetto import perfetto_events, request_traces, write_perfetto
+    from ttft.reports.perfetto import perfetto_trace, request_traces, write_perfetto
 
     with progress(f"exporting {table.num_rows:,} spans"):
         count = len(request_traces(table, requests))
-        events = perfetto_events(table, requests=requests)
+        document = perfetto_trace(table, requests=requests)
+    events = document["traceEvents"]
     try:
-        write_perfetto(perfetto, events)
+        write_perfetto(perfetto, document)
     except OSError as exc:
         raise fail(f"{perfetto}: cannot write ({exc.strerror or exc})") from None
     if not count:
