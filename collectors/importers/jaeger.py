@@ -68,7 +68,7 @@ class JaegerJSON:
             data[:1] in (b"{", b"[")
             and b'"traceID"' in data
             and (b'"spans"' in data or b'"operationName"' in data)
-        )
+        ) or _empty_answer(data)
 
     def read(self, path: Path) -> pa.Table:
         document = load_json(read_bytes(path), path)
@@ -269,3 +269,16 @@ def _ns(value_us: Any, at: str) -> int:
     if not fits_int64(value_ns):
         raise _Bad(at, f"{value_us!r} µs is beyond the int64 ns range")
     return value_ns
+
+
+def _empty_answer(head: bytes) -> bool:
+    """Whether ``head`` is the whole of an answer of the query API that matched no trace:
+    ``{"data": [], "total": 0, ...}`` (nothing in it names Jaeger but its shape)."""
+    if len(head) >= 4096 or not head.startswith(b"{"):
+        return False
+    try:
+        document = json.loads(head)
+    except ValueError:
+        return False
+    return (isinstance(document, dict) and document.get("data") == []
+            and {"total", "limit", "offset", "errors"} & document.keys() != set())

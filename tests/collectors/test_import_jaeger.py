@@ -198,6 +198,17 @@ def test_guess_format_tells_jaeger_from_chrome(tmp_path):
     assert IMPORTERS["jaeger"].guess_can_open(tmp_path) is False
 
 
+def test_an_answer_that_matched_nothing_is_an_empty_jaeger_trace(tmp_path):
+    """``/api/traces`` with no match: nothing in it says ``traceID``, yet it is Jaeger's."""
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"data": [], "total": 0, "limit": 0, "offset": 0, "errors": null}')
+    assert guess_format(empty) == "jaeger"
+    assert read_spans(empty).num_rows == 0
+    other = tmp_path / "other.json"
+    other.write_text('{"data": []}')  # no other key of the answer: not claimed
+    assert IMPORTERS["jaeger"].guess_can_open(other) is False
+
+
 def test_truncated_file_names_the_file(tmp_path):
     path = tmp_path / "cut.json"
     path.write_text(json.dumps({"data": [TRACE_ONE]})[:300])
