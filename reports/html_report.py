@@ -98,6 +98,7 @@ def _headline(data: ReportData) -> str:
         cards.append(
             f'<div class="card"><h3>{_e(data.group_label[group])}</h3>'
             f"{_failures(part['failures'], int(mask.sum()))}"
+            f"{_left_out(summary.quality.get('no_window', 0) if group == 'all' else 0)}"
             + ('<div><span class="unit">no TTFT: no request that did not fail has a window '
                "at this boundary</span></div></div>" if ttft is None else
                f'<div><span class="big">{_ms(ttft["p50"])}</span> <span class="unit">ms TTFT '
@@ -148,6 +149,14 @@ def _rows(rows: list[tuple[str, str]], head: str = "", attrs: str = "") -> str:
     markup (a header row, the table's attributes)."""
     body = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows)
     return f'<table class="meta"{attrs}>{head}{body}</table>'
+
+
+def _left_out(count: int) -> str:
+    """The requests that did not fail but have no window at the boundary (``no_window``)."""
+    if not count:
+        return ""
+    return (f'<div class="unit">{count:,} more requests left out: no TTFT window at this '
+            "boundary</div>")
 
 
 def _failures(failures: dict[str, int], ok: int) -> str:

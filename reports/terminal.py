@@ -142,8 +142,7 @@ def render_analysis(summary: Summary, console: Console) -> None:
         ("ttft analyze ", "bold"),
         plain(summary.trace, "bold cyan"),
         plain(
-            f"  boundary={summary.boundary}  policy={summary.policy}  "
-            f"requests={summary.requests:,} ({summary.requests_ok:,} ok)"
+            f"  boundary={summary.boundary}  policy={summary.policy}  {request_counts(summary)}"
         ),
     )
     console.print(head)
@@ -253,6 +252,15 @@ def render_transfer(summary: Summary, console: Console) -> None:
     for name, value in transfer_rows(summary.kv_transfer):
         table.add_row(plain(name), plain(value))
     console.print(table)
+
+
+def request_counts(summary: Summary) -> str:
+    """A headline's ``requests=N (M ok)``, then the requests that did not fail but have no
+    window at the boundary (``no_window``: in neither count, so they are named here)."""
+    text = f"requests={summary.requests:,} ({summary.requests_ok:,} ok)"
+    if left := summary.quality.get("no_window", 0):
+        text += f", {left:,} more left out: no TTFT window at this boundary"
+    return text
 
 
 def slo_stages_text(found: dict) -> str:

@@ -21,6 +21,7 @@ from ttft.reports.terminal import (
     render_load,
     render_quality,
     render_transfer,
+    request_counts,
     stage_table,
 )
 from ttft.tracer.schema import STAGE_NAMES
@@ -262,8 +263,7 @@ def render_report(data: ReportData, console: Console) -> None:
             ("ttft report ", "bold"),
             plain(data.trace, "bold cyan"),
             plain(
-                f"  boundary={s.boundary}  policy={s.policy}  requests={s.requests:,} "
-                f"({s.requests_ok:,} ok)"
+                f"  boundary={s.boundary}  policy={s.policy}  {request_counts(s)}"
             ),
         )
     )
