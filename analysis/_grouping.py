@@ -139,8 +139,9 @@ def group(table: pa.Table, d: Decoded) -> Grouping:
 def clock_kinds(d: Decoded) -> np.ndarray:
     """``clocks.row_kinds`` of a decoded table: which rows bound the client's and the
     server's intervals, for the clock offsets."""
+    prefill = (d.stage == CODE["prefill"]) | (d.stage == CODE["prefill.chunk"])
     return clocks.row_kinds(d.is_client, d.stage == CODE["client"], d.stage == CODE["server"],
-                            d.ev_rows, d.ev_name, d.ev_values)
+                            prefill, d.ev_rows, d.ev_name, d.ev_values)
 
 
 @dataclass

@@ -26,6 +26,10 @@ that server clock and reported. The rule, exactly (docs/attribution.md, "Clocks"
   consistent; a clock name says nothing about its host, and on one host a client that
   records ``sent`` late makes a minority of requests look shifted).
 
+A worker clock (a request's host clock other than its server's: a disaggregated prefill
+worker's) moves with its server clock, then by an offset of its own onto it
+(``analysis._worker_clocks``).
+
 A ``gpu:<index>`` clock is mapped to the host clock of the process that recorded it
 (DESIGN.md), so it moves with that host clock: the one host clock (neither ``client`` nor
 ``gpu:*``) among the rows of the same trace and service (the engine trace of its step and
@@ -38,13 +42,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.analysis import _columns as col
+from ttft.analysis._worker_clocks import worker_bounds, worker_offsets
 from ttft.tracer.schema import CLIENT_CLOCK, EV_FIRST_BYTE, EV_FIRST_TOKEN
+
+if TYPE_CHECKING:
+    from ttft.analysis._grouping import Decoded
 
 MIN_REQUESTS = 10
 """Fewest requests with both a client and a server interval before an offset is applied."""
@@ -54,20 +63,24 @@ to 2116) to be used: then every difference of two times, and every time moved by
 offset, fits in int64. Rows outside are dropped as ``missing_field``."""
 GPU_CLOCK_PREFIX = "gpu:"
 
-# What a row is to the midpoint rule (`row_kinds`).
-K_NONE, K_CLIENT, K_SERVER, K_SENT, K_FIRST_TOKEN, K_FIRST_BYTE = range(6)
+# What a row is to the midpoint rule (`row_kinds`); K_PREFILL: a prefill or prefill.chunk
+# span, whose end bounds a worker clock (`analysis._worker_clocks`).
+K_NONE, K_CLIENT, K_SERVER, K_SENT, K_FIRST_TOKEN, K_FIRST_BYTE, K_PREFILL = range(7)
 _NONE = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True)
 class ClockOffset:
-    """The offset of one (client clock, server clock) pair.
+    """The offset of one (client clock, server clock) pair, or of one (server clock, worker
+    clock) pair (``analysis._worker_clocks``: the fields then read server for client and
+    worker for server).
 
     Attributes:
         client_clock: the client's clock (``client``).
         server_clock: the server's clock, e.g. ``host:gpu-box-3``.
         offset_ns: added to every time on ``server_clock`` (and its ``gpu:*`` clocks) to
-            put it on ``client_clock``; 0 when the estimate is not applied.
+            put it on ``client_clock``; 0 when the estimate is not applied. (A worker
+            clock's rows also move by its server clock's offset.)
         estimate_ns: the median of the per-request estimates, applied or not.
         spread_ns: interquartile range of the per-request estimates.
         requests: requests with both a client and a server interval on this pair.
@@ -99,6 +112,7 @@ def row_kinds(
     is_client: np.ndarray,
     is_client_span: np.ndarray,
     is_server_span: np.ndarray,
+    is_prefill_span: np.ndarray,
     ev_rows: np.ndarray,
     ev_name: np.ndarray,
     ev_values: Sequence[str],
@@ -108,12 +122,14 @@ def row_kinds(
     Args:
         is_client: rows on the client clock.
         is_client_span, is_server_span: rows of stage ``client`` / ``server``.
+        is_prefill_span: rows of stage ``prefill`` or ``prefill.chunk``.
         ev_rows: the rows that are point events; ``ev_name`` their name codes (-1 null)
             into ``ev_values``.
     """
     kind = np.zeros(len(is_client), np.int8)
     kind[is_client_span & is_client] = K_CLIENT
     kind[is_server_span & ~is_client] = K_SERVER
+    kind[is_prefill_span & ~is_client] = K_PREFILL
     lut = np.zeros(len(ev_values) + 1, np.int8)
     for i, value in enumerate(ev_values):
         lut[i] = {"sent": K_SENT, EV_FIRST_TOKEN: K_FIRST_TOKEN, EV_FIRST_BYTE: K_FIRST_BYTE}.get(
@@ -126,21 +142,26 @@ def row_kinds(
     return kind
 
 
-Bounds = dict[str, tuple[np.ndarray, np.ndarray]]
-"""Per server clock, each request's bounds ``(lo, hi)`` on its offset: what the offsets
-need from a set of requests, so that parts of a trace (a dataset's partitions, each
-holding whole requests) are estimated together exactly as the whole would be."""
+Bounds = dict[str | tuple[str, str], tuple[np.ndarray, np.ndarray]]
+"""Per server clock, each request's bounds ``(lo, hi)`` on its offset; per (server clock,
+worker clock) the same for the worker (``analysis._worker_clocks``): what the offsets need
+from a set of requests, so that parts of a trace (a dataset's partitions, each holding
+whole requests) are estimated together exactly as the whole would be."""
 
 
 def offsets_from_bounds(parts: Sequence[Bounds]) -> list[ClockOffset]:
-    """The offsets of every pair over the requests of all ``parts``, sorted by server clock."""
-    names = sorted({name for part in parts for name in part})
-    out = []
-    for name in names:
-        lo = np.concatenate([part[name][0] for part in parts if name in part])
-        hi = np.concatenate([part[name][1] for part in parts if name in part])
-        out.append(_pair(name, lo, hi))
-    return out
+    """The offsets of every pair over the requests of all ``parts``: the server clocks'
+    (sorted by server clock), then the worker clocks' (`_worker_clocks.worker_offsets`)."""
+    keys = {key for part in parts for key in part}
+
+    def joined(key: str | tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
+        return (np.concatenate([part[key][0] for part in parts if key in part]),
+                np.concatenate([part[key][1] for part in parts if key in part]))
+
+    servers = sorted(key for key in keys if isinstance(key, str))
+    out = [_pair(name, *joined(name)) for name in servers]
+    workers = {key: joined(key) for key in keys if isinstance(key, tuple)}
+    return out + worker_offsets(workers, set(servers))
 
 
 def bounds(
@@ -181,6 +202,9 @@ def bounds(
     for code in np.unique(clocks):
         mine = clocks == code
         out[str(clock_values[code])] = (lo[mine], hi[mine])
+    back = np.where(first_byte != _NONE, first_byte, server1)
+    out.update(worker_bounds(req, kind == K_PREFILL, start_ns, end_ns, clock, clock_values,
+                             s_clock, server0, back))
     return out
 
 
@@ -265,10 +289,12 @@ def row_shift_parts(
     so took their service's in the table, which a part of it may not show: ``assemble``
     moves their joined copies with their chunks instead."""
     by_clock: dict[str, int] = {}
-    for o in offsets:
+    # Server clocks first; a worker clock moves with its server clock, then by its own.
+    for o in sorted(offsets, key=lambda o: o.client_clock != CLIENT_CLOCK):
         if o.server_clock in by_clock:
             raise ValueError(f"two clock offsets for server clock {o.server_clock!r}")
-        by_clock[o.server_clock] = o.offset_ns
+        by_clock[o.server_clock] = o.offset_ns + (
+            0 if o.client_clock == CLIENT_CLOCK else by_clock.get(o.client_clock, 0))
     if not any(by_clock.values()):
         return None
     per_value = np.array([by_clock.get(v, 0) for v in clock_values] + [0], np.int64)
@@ -328,51 +354,22 @@ def _only_host(want: np.ndarray, have: np.ndarray, host_rank: np.ndarray) -> np.
 
 
 def estimate_offsets(table: pa.Table) -> list[ClockOffset]:
-    """One `ClockOffset` per (client clock, server clock) pair of a span table
-    (``tracer.schema.SPAN_SCHEMA``), sorted by server clock; rules in the module docstring."""
-    n = table.num_rows
-    if n == 0:
+    """One `ClockOffset` per clock pair of a span table (``tracer.schema.SPAN_SCHEMA``), its
+    requests grouped as ``assemble`` groups them: `offsets_from_bounds`."""
+    if table.num_rows == 0:
         return []
-    trace, _ = col.trace_codes(table.column("trace_id"))
-    stage, stage_values = col.codes(table.column("stage"))
-    clock, clock_values = col.codes(table.column("clock"))
-    start, end = col.int64(table.column("start_ns")), col.int64(table.column("end_ns"))
-    valid = (trace >= 0) & (end >= start) & in_range(start) & in_range(end)
-    for name in ("start_ns", "end_ns"):
-        if table.column(name).null_count:
-            valid &= np.asarray(pc.is_valid(table.column(name)).to_numpy(zero_copy_only=False))
-
-    def stage_is(name: str) -> np.ndarray:
-        return col.among(stage, [i for i, v in enumerate(stage_values) if v == name],
-                         len(stage_values))
-
-    is_client = col.among(clock, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK],
-                          len(clock_values))
-    ev_rows = np.flatnonzero(valid & stage_is("event"))
-    ev_name, ev_values = col.codes(col.take(table.column("name"), ev_rows))
-    kind = row_kinds(is_client, stage_is("client"), stage_is("server"), ev_rows, ev_name, ev_values)
-    kind[~valid] = K_NONE
-    req, n_req = _requests(table, trace, kind != K_NONE, valid)
-    return offsets_from_bounds([bounds(req, n_req, kind, start, end, clock, clock_values)])
+    return offsets_from_bounds([table_bounds(table)])
 
 
-def _requests(
-    table: pa.Table, trace: np.ndarray, marks: np.ndarray, valid: np.ndarray
-) -> tuple[np.ndarray, int]:
-    """Request of each row as ``assemble`` groups them: traces holding a marked row, joined
-    by their smallest non-null ``request_id``."""
-    n_traces = int(trace.max(initial=-1)) + 1
-    is_req = np.zeros(n_traces + 1, bool)
-    is_req[trace[marks]] = True
-    rid, rid_values = col.blank_as_null(col.codes(table.column("request_id")))
-    with_rid = valid & (rid >= 0) & is_req[trace]
-    rid_of_trace = col.smallest_by_value(trace[with_rid], rid[with_rid], rid_values, n_traces)
-    req_traces = np.flatnonzero(is_req[:n_traces])
-    key = np.where(rid_of_trace >= 0, rid_of_trace, len(rid_values) + np.arange(n_traces))
-    _, inv = np.unique(key[req_traces], return_inverse=True)
-    req_of_trace = np.full(n_traces + 1, -1, np.int64)
-    req_of_trace[req_traces] = inv
-    return np.where(valid, req_of_trace[trace], -1), int(inv.max(initial=-1)) + 1
+def table_bounds(table: pa.Table, d: Decoded | None = None) -> Bounds:
+    """The `Bounds` of a span table's requests, grouped as ``assemble`` groups them; ``d``
+    is the table decoded (``analysis._grouping.decode``), if it was."""
+    from ttft.analysis._grouping import clock_kinds, decode, group
+
+    d = decode(table) if d is None else d
+    g = group(table, d)
+    return bounds(g.row_req, g.n_req, clock_kinds(d), d.start, d.end, d.clock_raw,
+                  d.clock_values)
 
 
 def apply_offsets(table: pa.Table, offsets: Sequence[ClockOffset]) -> pa.Table:

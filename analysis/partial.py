@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ttft.analysis import clocks
-from ttft.analysis._grouping import Decoded, clock_kinds, decode, group
+from ttft.analysis._grouping import Decoded
 from ttft.analysis.assemble import Assembly, assemble
 from ttft.analysis.attribution import Attribution, attribute
 from ttft.analysis.decode import KEYS, decode_values
@@ -48,10 +48,7 @@ def _borrowed(table: pa.Table, own_rows: int) -> np.ndarray:
 def part_bounds(table: pa.Table, d: Decoded | None = None) -> clocks.Bounds:
     """The clock `~ttft.analysis.clocks.Bounds` of one partition's requests (its borrowed
     step traces hold no request, so they add none); ``d`` is the table decoded, if it was."""
-    d = decode(table) if d is None else d
-    g = group(table, d)
-    return clocks.bounds(g.row_req, g.n_req, clock_kinds(d), d.start, d.end, d.clock_raw,
-                         d.clock_values)
+    return clocks.table_bounds(table, d)
 
 
 @dataclass

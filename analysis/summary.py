@@ -314,7 +314,8 @@ def _failed_first_token(failed: pd.DataFrame) -> dict[str, Any] | None:
 
 def clock_list(attr: Attribution) -> list[dict[str, Any]]:
     """The clock offsets of the trace (``analysis.clocks``), one dict per client/server
-    clock pair: ``offset_ms`` was applied to the server clock, ``estimate_ms`` is the
+    clock pair, then per server/worker pair (``client_clock`` is then the server's):
+    ``offset_ms`` was applied to the server clock, ``estimate_ms`` is the
     median per-request estimate whether applied or not, ``violations_*`` count requests
     whose server interval lies outside the client's at offset 0 and at the offset.
 

@@ -14,6 +14,7 @@ from ttft.analysis.quality import MEANING
 from ttft.analysis.summary import Summary
 from ttft.reports._text import labelled, plain
 from ttft.reports.transfer_view import TITLE, transfer_rows
+from ttft.tracer.schema import CLIENT_CLOCK
 
 _BAR_WIDTH = 20
 _NARROW_BAR_WIDTH = 10
@@ -330,8 +331,10 @@ def render_quality(summary: Summary, console: Console) -> None:
         pair = f"{c['server_clock']} → {c['client_clock']}"
         how = (
             f"estimate {c['estimate_ms']:+,.3f} ms, spread {c['spread_ms']:,.3f} ms, "
-            f"{c['requests']:,} requests; server interval outside the client's: "
-            f"{c['violations_before']:,} → {c['violations_after']:,}"
+            f"{c['requests']:,} requests; "
+            + ("server interval outside the client's: " if c["client_clock"] == CLIENT_CLOCK
+               else "worker spans outside the server's: ")
+            + f"{c['violations_before']:,} → {c['violations_after']:,}"
         )
         if c["applied"]:
             line = f"{pair} offset {c['offset_ms']:+,.3f} ms ({how})"

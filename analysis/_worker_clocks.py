@@ -1,0 +1,142 @@
+"""Worker clocks: a request's rows on a host clock other than its server's, such as a
+disaggregated prefill worker's (``host:<name>/prefill``), moved onto the server clock.
+
+A worker clock moves with its server clock (the server's offset onto the client clock), and
+then by an offset of its own when the two contradict causality. The rule, exactly
+(docs/attribution.md, "Clocks"):
+
+- A request's worker clocks: the host clocks (neither ``client`` nor ``gpu:*``) of its rows
+  other than its server clock (the clock of its earliest-starting ``server`` span); a
+  request without a ``server`` span has none.
+- Per request and worker clock, the worker fits at offset ``o`` when its earliest row
+  starts at or after the ``server`` span's start (the server received the request before
+  handing it on), ``s0 <= w0 + o``, and its last ``prefill``/``prefill.chunk`` span ends
+  at or before the server's ``first_byte`` (the first token needs the whole prompt; else
+  the ``server`` span's end), ``p1 + o <= b``: bounds ``lo = s0 - w0``, ``hi = b - p1``
+  (``hi`` unbounded without a prefill span on that clock).
+- A pair's range: the offsets every request but the outer 1% fits, ``[L, H]`` with ``L``
+  the 99th percentile of ``lo`` and ``H`` the 1st of ``hi`` (the highest and lowest below
+  100 requests). Its estimate is the middle of the range (``L`` when ``H`` is unbounded),
+  its spread the range's width (negative when no offset fits them; 0 when unbounded).
+  The worker's time between the server's start and its own first row, and between its
+  last prefill and ``first_byte``, are never negative, so the range holds the true offset
+  and narrows with every request: unlike a client and a server, the two sides' slacks
+  are not alike, so the midpoint of one request's bounds would be off by half their
+  difference.
+- Applied when at least ``MIN_REQUESTS`` requests took part, more than 1 in 100 do not fit
+  at offset 0 and fewer do not fit at the estimate. Unlike a client's, a worker's bounds
+  hold on one host: it cannot start a request the server has not received, nor finish its
+  prefill after the first token left, so more than the range leaves out is a second host
+  (a server pair needs half, as a busy client's late ``sent`` breaks a few on one host).
+- A worker clock that is also some request's server clock is that pair's; one seen under
+  several server clocks is aligned to the one with the most requests (ties: by name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ttft.tracer.schema import CLIENT_CLOCK
+
+if TYPE_CHECKING:
+    from ttft.analysis.clocks import ClockOffset
+
+UNBOUNDED = np.iinfo(np.int64).max
+"""``hi`` of a request with no prefill span on the worker clock."""
+_NONE = np.iinfo(np.int64).min
+
+
+def worker_bounds(
+    req: np.ndarray,
+    is_prefill: np.ndarray,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    clock: np.ndarray,
+    clock_values: Sequence[str],
+    server_clock: np.ndarray,
+    server_start: np.ndarray,
+    back: np.ndarray,
+) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """Per (server clock, worker clock), each request's ``(lo, hi)`` (module docstring).
+
+    Args:
+        req: request of each row (-1: none, or the row is invalid).
+        is_prefill: rows that are ``prefill``/``prefill.chunk`` spans.
+        start_ns, end_ns, clock: the rows' times and clock codes (-1 null) into
+            ``clock_values``.
+        server_clock, server_start: per request, its server clock code (-1: none) and its
+            ``server`` span's start.
+        back: per request, its ``first_byte`` (else its ``server`` span's end).
+    """
+    from ttft.analysis.clocks import GPU_CLOCK_PREFIX
+
+    if len(server_clock) == 0:  # no request
+        return {}
+    n_clock = len(clock_values) + 1
+    host = np.array([v != CLIENT_CLOCK and not v.startswith(GPU_CLOCK_PREFIX)
+                     for v in clock_values] + [False])
+    mine = np.where(req >= 0, server_clock[np.maximum(req, 0)], -1)
+    rows = np.flatnonzero((mine >= 0) & host[clock] & (clock != mine))
+    if len(rows) == 0:
+        return {}
+    keys, inv = np.unique(req[rows] * n_clock + clock[rows], return_inverse=True)
+    first = np.full(len(keys), UNBOUNDED, np.int64)
+    np.minimum.at(first, inv, start_ns[rows])
+    last = np.full(len(keys), _NONE, np.int64)
+    pre = is_prefill[rows]
+    np.maximum.at(last, inv[pre], end_ns[rows][pre])
+    r, worker = keys // n_clock, keys % n_clock
+    lo = server_start[r] - first
+    hi = np.where(last != _NONE, back[r] - last, UNBOUNDED)
+    pair = server_clock[r] * n_clock + worker
+    out = {}
+    for code in np.unique(pair):
+        hit = pair == code
+        key = (str(clock_values[code // n_clock]), str(clock_values[code % n_clock]))
+        out[key] = (lo[hit], hi[hit])
+    return out
+
+
+def worker_offsets(
+    bounds: Mapping[tuple[str, str], tuple[np.ndarray, np.ndarray]], servers: set[str]
+) -> list[ClockOffset]:
+    """One offset per worker clock (``client_clock``: its server clock), sorted by worker
+    clock; a clock in ``servers`` (a server pair's) has none."""
+    chosen: dict[str, tuple[str, str]] = {}
+    for key in sorted(bounds):
+        server, worker = key
+        if worker in servers:
+            continue
+        best = chosen.get(worker)
+        if best is None or len(bounds[key][0]) > len(bounds[best][0]):
+            chosen[worker] = key
+    return [_pair(*chosen[w], *bounds[chosen[w]]) for w in sorted(chosen)]
+
+
+def _pair(server_clock: str, worker_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
+    from ttft.analysis.clocks import MIN_REQUESTS, TIME_LIMIT_NS, ClockOffset
+
+    low = int(np.quantile(lo, 0.99, method="higher"))
+    high = int(np.quantile(hi, 0.01, method="lower"))
+    if high == UNBOUNDED:
+        guess, spread = low, 0
+    else:
+        guess, spread = (low + high) // 2, high - low
+    before = int(((lo > 0) | (hi < 0)).sum())
+    at_guess = int(((lo > guess) | (hi < guess)).sum())
+    n = len(lo)
+    applied = n >= MIN_REQUESTS and 100 * before > n and at_guess < before and (
+        abs(guess) < TIME_LIMIT_NS)
+    return ClockOffset(
+        client_clock=server_clock,
+        server_clock=worker_clock,
+        offset_ns=guess if applied else 0,
+        estimate_ns=guess,
+        spread_ns=spread,
+        requests=n,
+        violations_before=before,
+        violations_after=at_guess if applied else before,
+    )
