@@ -6,6 +6,7 @@ claimed but not applied is caught."""
 from __future__ import annotations
 
 import pytest
+from _validated import validated
 from typer.testing import CliRunner
 
 from ttft.collectors import read_spans, run_metadata
@@ -35,8 +36,7 @@ def test_the_transfer_delay_needs_a_disaggregated_engine():
 
 def test_run_validate_disaggregated_recovers_the_transfer_delay(tmp_path):
     delays = {"queue": 20.0, "kv_transfer": 15.0, "sample": 10.0}
-    result = run_validate(tmp_path, requests=8, model="tiny", delays_ms=delays,
-                          disaggregate=True)
+    result = validated(tmp_path, requests=8, model="tiny", delays_ms=delays, disaggregate=True)
     checks = [(c.stage, c.injected_ms, c.tolerance_ms, c.ok) for c in result.stages]
     assert checks == [
         ("queue", 20.0, 1.0, True),
