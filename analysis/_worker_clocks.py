@@ -51,7 +51,7 @@ _NONE = np.iinfo(np.int64).min
 
 def worker_bounds(
     req: np.ndarray,
-    is_prefill: np.ndarray,
+    kind: np.ndarray,
     start_ns: np.ndarray,
     end_ns: np.ndarray,
     clock: np.ndarray,
@@ -64,29 +64,34 @@ def worker_bounds(
 
     Args:
         req: request of each row (-1: none, or the row is invalid).
-        is_prefill: rows that are ``prefill``/``prefill.chunk`` spans.
+        kind: each row's ``clocks.row_kinds`` (``K_PREFILL``: a ``prefill`` or
+            ``prefill.chunk`` span).
         start_ns, end_ns, clock: the rows' times and clock codes (-1 null) into
             ``clock_values``.
         server_clock, server_start: per request, its server clock code (-1: none) and its
             ``server`` span's start.
         back: per request, its ``first_byte`` (else its ``server`` span's end).
     """
-    from ttft.analysis.clocks import GPU_CLOCK_PREFIX
+    from ttft.analysis.clocks import GPU_CLOCK_PREFIX, K_PREFILL
 
-    if len(server_clock) == 0:  # no request
+    # Candidates: the host clocks no request here has as its server clock (one that some
+    # request has is that pair's, here and in every part: `worker_offsets`).
+    candidate = np.array([v != CLIENT_CLOCK and not v.startswith(GPU_CLOCK_PREFIX)
+                          for v in clock_values] + [False])
+    candidate[server_clock[server_clock >= 0]] = False
+    if not candidate.any():
         return {}
     n_clock = len(clock_values) + 1
-    host = np.array([v != CLIENT_CLOCK and not v.startswith(GPU_CLOCK_PREFIX)
-                     for v in clock_values] + [False])
-    mine = np.where(req >= 0, server_clock[np.maximum(req, 0)], -1)
-    rows = np.flatnonzero((mine >= 0) & host[clock] & (clock != mine))
+    rows = np.flatnonzero(candidate[clock])
+    rows = rows[req[rows] >= 0]
+    rows = rows[server_clock[req[rows]] >= 0]
     if len(rows) == 0:
         return {}
     keys, inv = np.unique(req[rows] * n_clock + clock[rows], return_inverse=True)
     first = np.full(len(keys), UNBOUNDED, np.int64)
     np.minimum.at(first, inv, start_ns[rows])
     last = np.full(len(keys), _NONE, np.int64)
-    pre = is_prefill[rows]
+    pre = kind[rows] == K_PREFILL
     np.maximum.at(last, inv[pre], end_ns[rows][pre])
     r, worker = keys // n_clock, keys % n_clock
     lo = server_start[r] - first

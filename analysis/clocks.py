@@ -181,7 +181,7 @@ def bounds(
         kind: `row_kinds` of each row.
         start_ns, end_ns, clock: the rows' times and clock codes into ``clock_values``.
     """
-    use = (req >= 0) & (kind != K_NONE)
+    use = (req >= 0) & (kind != K_NONE) & (kind != K_PREFILL)  # prefill rows: the workers'
     rows = np.flatnonzero(use)
     r, k, t0, t1 = req[rows], kind[rows], start_ns[rows], end_ns[rows]
     client0, client1, _ = _earliest(r[k == K_CLIENT], t0[k == K_CLIENT], t1[k == K_CLIENT], n_req)
@@ -203,8 +203,8 @@ def bounds(
         mine = clocks == code
         out[str(clock_values[code])] = (lo[mine], hi[mine])
     back = np.where(first_byte != _NONE, first_byte, server1)
-    out.update(worker_bounds(req, kind == K_PREFILL, start_ns, end_ns, clock, clock_values,
-                             s_clock, server0, back))
+    out.update(worker_bounds(req, kind, start_ns, end_ns, clock, clock_values, s_clock,
+                             server0, back))
     return out
 
 
