@@ -51,6 +51,8 @@ class Rows:
     moved onto the client's); ``valid`` false for rows the analysis ignores (a missing
     field, end before start); ``service``/``clock`` codes into ``service_values`` /
     ``clock_values`` (-1 for null). ``table`` is the span table itself (names, attributes).
+    ``gpu_chunk``/``gpu_row`` are the step join's pairs: each request ``prefill.chunk`` row
+    and an engine ``gpu`` row joined to it (what attribution's gpu copies are made of).
     """
 
     table: pa.Table
@@ -63,6 +65,8 @@ class Rows:
     service_values: list[str]
     clock: np.ndarray
     clock_values: list[str]
+    gpu_chunk: np.ndarray
+    gpu_row: np.ndarray
 
     def of(self, *stages: str, requests_only: bool = False) -> np.ndarray:
         """Indices of the valid rows whose stage is one of ``stages`` (only rows of a
@@ -280,9 +284,8 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         & (windows["server_start"] < windows["client_start"])
     )
     quality.add("clock_shift", int(clock_shift.sum()), requests["trace_id"][clock_shift])
-    rows = Rows(
-        table, row_req, stage, start, end, valid, service, service_values, clock_raw, clock_values
-    )
+    rows = Rows(table, row_req, stage, start, end, valid, service, service_values, clock_raw,
+                clock_values, chunk_rows, gpu_rows)
     return Assembly(requests, spans, token_req, token_ns, quality, rows)
 
 

@@ -29,7 +29,7 @@ from ttft.reports.regime_view import RegimeResult, compute_regime
 from ttft.reports.waterfall_lanes import clock_kind as clock_kind
 from ttft.reports.waterfall_lanes import event_lanes, lanes, workers
 from ttft.reports.waterfall_lanes import lane_order as lane_order
-from ttft.tracer.schema import ATTR_STEP_ID, BOUNDARY_EVENTS, CONDITIONS
+from ttft.tracer.schema import BOUNDARY_EVENTS, CONDITIONS
 
 _NS_PER_MS = 1e6
 MAX_WATERFALL_SPANS = 400
@@ -247,11 +247,10 @@ def request_spans(asm: Assembly, request: int, a_ns: int, b_ns: int,
     chunks = own[rows.has_stage(own, "prefill.chunk")]
     if len(chunks) == 0:
         return _frame(rows, own)
-    ids = np.unique(rows.int_attribute(chunks, ATTR_STEP_ID))
     services = np.unique(rows.service[chunks])
-    gpu = rows.of("gpu")
-    gpu = gpu[np.isin(rows.service[gpu], services)]
-    gpu = gpu[np.isin(rows.int_attribute(gpu, ATTR_STEP_ID), ids[ids >= 0])]
+    # The gpu spans attribution joined to its chunks (a reused step id names one engine
+    # trace's, not every trace's with that (service, step_id)).
+    gpu = np.unique(rows.gpu_row[np.isin(rows.gpu_chunk, chunks)])
     if steps is None:
         step = rows.of("step")
         step = step[np.isin(rows.service[step], services)]

@@ -99,3 +99,32 @@ def test_blame_and_the_prefill_fit_are_over_the_requests_the_ttft_figures_are_ov
     assert int(queue["requests"].iloc[0]) == int(want["requests"].iloc[0]) <= 34
     assert queue.reset_index(drop=True).equals(want.reset_index(drop=True))
     assert set(data.prefill_points["trace_id"]) <= ok
+
+
+def test_a_waterfall_draws_the_gpu_spans_attribution_joined():
+    """Two engine traces count steps from 0 (a restart): each request's waterfall draws the
+    gpu span of its own engine trace, the one attribution joined, not both with its
+    ``(service, step_id)``; and one request's chunks on two steps draw those two only."""
+    from _build import event, row, table
+
+    def run(trace: int, engine: int, t0: int, gpu_ns: int, steps=(7,)) -> list[dict]:
+        out = [row(trace, 1, "server", t0, t0 + 100),
+               row(trace, 2, "queue", t0, t0 + 10, parent=1),
+               row(trace, 4, "sample", t0 + 60, t0 + 70, parent=1),
+               event(trace, 5, "first_byte", t0 + 80, parent=1),
+               row(engine, 1, "step", t0 + 5, t0 + 65)]
+        for i, step in enumerate(steps):
+            out.append(row(trace, 10 + i, "prefill.chunk", t0 + 10 + 20 * i, t0 + 30 + 20 * i,
+                           parent=1, step_id=step))
+            out.append(row(engine, 20 + i, "gpu", t0 + 15 + 20 * i, t0 + 15 + 20 * i + gpu_ns,
+                           parent=1, step_id=step))
+        return out
+
+    asm = assemble(table(run(1, 2, 0, 4) + run(3, 4, 10_000, 3, steps=(7, 8))
+                         + run(5, 6, 20_000, 2, steps=(8,))))
+    assert asm.quality.counts["reused_step_id"] > 0
+    for request, expected in enumerate(([(15, 19)], [(10_015, 10_018), (10_035, 10_038)],
+                                        [(20_015, 20_017)])):
+        frame = report_data.request_spans(asm, request, 0, 30_000)
+        gpu = frame[frame["stage"] == "gpu"]
+        assert sorted(zip(gpu["start_ns"], gpu["end_ns"], strict=True)) == expected, request
