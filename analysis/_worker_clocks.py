@@ -122,7 +122,7 @@ def worker_offsets(
 
 
 def _pair(server_clock: str, worker_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
-    from ttft.analysis.clocks import MIN_REQUESTS, TIME_LIMIT_NS, ClockOffset
+    from ttft.analysis.clocks import settled
 
     low = int(np.quantile(lo, 0.99, method="higher"))
     high = int(np.quantile(hi, 0.01, method="lower"))
@@ -130,18 +130,4 @@ def _pair(server_clock: str, worker_clock: str, lo: np.ndarray, hi: np.ndarray) 
         guess, spread = low, 0
     else:
         guess, spread = (low + high) // 2, high - low
-    before = int(((lo > 0) | (hi < 0)).sum())
-    at_guess = int(((lo > guess) | (hi < guess)).sum())
-    n = len(lo)
-    applied = n >= MIN_REQUESTS and 100 * before > n and at_guess < before and (
-        abs(guess) < TIME_LIMIT_NS)
-    return ClockOffset(
-        client_clock=server_clock,
-        server_clock=worker_clock,
-        offset_ns=guess if applied else 0,
-        estimate_ns=guess,
-        spread_ns=spread,
-        requests=n,
-        violations_before=before,
-        violations_after=at_guess if applied else before,
-    )
+    return settled(server_clock, worker_clock, lo, hi, guess, spread, one_in=100, agreed=True)

@@ -71,16 +71,15 @@ _NONE = np.iinfo(np.int64).min
 
 @dataclass(frozen=True)
 class ClockOffset:
-    """The offset of one (client clock, server clock) pair, or of one (server clock, worker
-    clock) pair (``analysis._worker_clocks``: the fields then read server for client and
-    worker for server).
+    """The offset of one (client clock, server clock) pair, or (server clock, worker clock)
+    pair (``analysis._worker_clocks``: read server for client and worker for server).
 
     Attributes:
         client_clock: the client's clock (``client``).
         server_clock: the server's clock, e.g. ``host:gpu-box-3``.
         offset_ns: added to every time on ``server_clock`` (and its ``gpu:*`` clocks) to
-            put it on ``client_clock``; 0 when the estimate is not applied. (A worker
-            clock's rows also move by its server clock's offset.)
+            put it on ``client_clock`` (a worker's also move by its server's); 0 when the
+            estimate is not applied.
         estimate_ns: the median of the per-request estimates, applied or not.
         spread_ns: interquartile range of the per-request estimates.
         requests: requests with both a client and a server interval on this pair.
@@ -212,18 +211,24 @@ def _pair(server_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
     per_request = (lo.astype(np.float64) + hi.astype(np.float64)) / 2
     q25, median, q75 = np.percentile(per_request, [25, 50, 75])
     guess, spread = int(round(median)), int(round(q75 - q25))
+    return settled(CLIENT_CLOCK, server_clock, lo, hi, guess, spread, one_in=2,
+                   agreed=spread < abs(guess))
+
+
+def settled(reference: str, clock: str, lo: np.ndarray, hi: np.ndarray, guess: int,
+            spread: int, *, one_in: int, agreed: bool) -> ClockOffset:
+    """The pair's `ClockOffset` at the estimate ``guess``: applied when at least
+    `MIN_REQUESTS` requests took part, more than 1 in ``one_in`` do not fit at offset 0
+    (``lo > 0`` or ``hi < 0``), fewer do at ``guess``, the requests ``agreed`` on it, and a
+    moved time stays inside int64."""
     before = int(((lo > 0) | (hi < 0)).sum())
     at_guess = int(((lo > guess) | (hi < guess)).sum())
     n = len(lo)
-    applied = (
-        n >= MIN_REQUESTS
-        and 2 * before > n
-        and at_guess < before
-        and spread < abs(guess) < TIME_LIMIT_NS  # a moved time stays inside int64
-    )
+    applied = (n >= MIN_REQUESTS and one_in * before > n and at_guess < before and agreed
+               and abs(guess) < TIME_LIMIT_NS)
     return ClockOffset(
-        client_clock=CLIENT_CLOCK,
-        server_clock=server_clock,
+        client_clock=reference,
+        server_clock=clock,
         offset_ns=guess if applied else 0,
         estimate_ns=guess,
         spread_ns=spread,
@@ -356,8 +361,6 @@ def _only_host(want: np.ndarray, have: np.ndarray, host_rank: np.ndarray) -> np.
 def estimate_offsets(table: pa.Table) -> list[ClockOffset]:
     """One `ClockOffset` per clock pair of a span table (``tracer.schema.SPAN_SCHEMA``), its
     requests grouped as ``assemble`` groups them: `offsets_from_bounds`."""
-    if table.num_rows == 0:
-        return []
     return offsets_from_bounds([table_bounds(table)])
 
 
