@@ -36,6 +36,9 @@ def render_compare(
     the intervals were made. When either side is disaggregated, the header says which
     (``deployments``: each side's, `side_deployments`)."""
     n_a, n_b = (len(attr.requests) for attr in attrs)
+    left = [attr.quality.counts["no_window"] for attr in attrs]
+    left_out = (f"  left out, no TTFT window at this boundary: A {left[0]:,} B {left[1]:,}"
+                if any(left) else "")
     sides: tuple = ()
     if any(d and d.startswith("disaggregated") for d in deployments):
         sides = ("\n", plain("  ".join(f"{side} {d or 'co-located (no kv_transfer)'}"
@@ -48,7 +51,8 @@ def render_compare(
             ("  B ", "bold"),
             plain(paths[1], "bold cyan"),
             "\n",
-            plain(f"boundary={boundary}  policy={policy}  requests A={n_a:,} B={n_b:,}"),
+            plain(f"boundary={boundary}  policy={policy}  requests A={n_a:,} B={n_b:,}"
+                  + left_out),
             *sides,
         )
     )

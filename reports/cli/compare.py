@@ -117,6 +117,9 @@ def compare(
             "failures": _records(failures),
             "slo": {f"{name}_ms": ms for name, ms in slo.items()} if slo else None,
             "load": _records(load),
+            # ok requests without a window at the boundary: in neither TTFT nor failures
+            "no_window": {side: attr.quality.counts["no_window"]
+                          for side, attr in zip("ab", attrs, strict=True)},
         }
         sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
     else:

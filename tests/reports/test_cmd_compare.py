@@ -71,7 +71,8 @@ def test_json(traces):
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert list(out) == ["a", "b", "boundary", "policy", "resamples", "seed", "rows", "failures",
-                         "slo", "load"]
+                         "slo", "load", "no_window"]
+    assert out["no_window"] == {"a": 0, "b": 0}
     assert out["slo"] is None
     assert [r["metric"] for r in out["load"]] == [
         "requests_per_s", "output_tokens_per_s", "e2e_p50", "e2e_p99"]

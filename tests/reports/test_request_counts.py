@@ -80,3 +80,13 @@ def test_a_trace_without_lost_windows_says_nothing_more(tmp_path):
     write_trace(path, generate(10, seed=1).table)
     head = invoke("analyze", str(path)).splitlines()[0]
     assert head.endswith("requests=10 (10 ok)")
+
+
+def test_compare_names_them_per_side(trace, tmp_path):
+    clean = tmp_path / "clean.parquet"
+    write_trace(clean, generate(N, seed=4).table)
+    found = json.loads(invoke("compare", str(clean), str(trace), "--json", "--resamples", "50"))
+    assert found["no_window"] == {"a": 0, "b": NO_WINDOW}
+    text = invoke("compare", str(clean), str(trace), "--resamples", "50")
+    assert f"requests A={N} B={N - FAILED - NO_WINDOW}" in text
+    assert f"left out, no TTFT window at this boundary: A 0 B {NO_WINDOW}" in text
