@@ -11,25 +11,29 @@ then by an offset of its own when the two contradict causality. The rule, exactl
 - Per request and worker clock, the worker fits at offset ``o`` when its earliest row
   starts at or after the ``server`` span's start (the server received the request before
   handing it on), ``s0 <= w0 + o``, and its last ``prefill``/``prefill.chunk`` span ends
-  at or before the server's ``first_byte`` (the first token needs the whole prompt; else
-  the ``server`` span's end), ``p1 + o <= b``: bounds ``lo = s0 - w0``, ``hi = b - p1``
-  (``hi`` unbounded without a prefill span on that clock).
-- A pair's range: the offsets every request but the outer 1% fits, ``[L, H]`` with ``L``
-  the 99th percentile of ``lo`` and ``H`` the 1st of ``hi`` (the highest and lowest below
-  100 requests). Its estimate is the middle of the range (``L`` when ``H`` is unbounded),
-  its spread the range's width (negative when no offset fits them; 0 when unbounded).
-  The worker's time between the server's start and its own first row, and between its
-  last prefill and ``first_byte``, are never negative, so the range holds the true offset
-  and narrows with every request: unlike a client and a server, the two sides' slacks
-  are not alike, so the midpoint of one request's bounds would be off by half their
-  difference.
-- Applied when at least ``MIN_REQUESTS`` requests took part, more than 1 in 100 do not fit
-  at offset 0 and fewer do not fit at the estimate. Unlike a client's, a worker's bounds
-  hold on one host: it cannot start a request the server has not received, nor finish its
-  prefill after the first token left, so more than the range leaves out is a second host
-  (a server pair needs half, as a busy client's late ``sent`` breaks a few on one host).
-- A worker clock that is also some request's server clock is that pair's; one seen under
-  several server clocks is aligned to the one with the most requests (ties: by name).
+  at or before the server's ``first_byte`` (the first token needs the whole prompt),
+  ``p1 + o <= b``: bounds ``lo = s0 - w0``, ``hi = b - p1`` (``hi`` unbounded without a
+  ``first_byte`` or a prefill span on that clock: a cancelled request's ``server`` span
+  may end before its prefill does, so its end bounds nothing).
+- A pair's range ``[L, H]``: the offsets every request fits but the outer ``k`` at each end
+  (``k = max(1, n // 100)`` of ``n`` requests): ``L`` the ``k + 1``-th largest ``lo``, ``H``
+  the ``k + 1``-th smallest ``hi``. Its estimate is the middle of the range (``L`` when
+  ``H`` is unbounded), its spread the range's width (negative when no offset fits them; 0
+  when unbounded). The worker's time between the server's start and its own first row,
+  and between its last prefill and ``first_byte``, are never negative, so the range holds
+  the true offset and narrows with every request: unlike a client and a server, the two
+  sides' slacks are not alike, so the midpoint of one request's bounds would be off by
+  half their difference.
+- Applied when at least ``MIN_REQUESTS`` requests took part, more than ``k`` do not fit at
+  offset 0 and fewer do at the estimate. Unlike a client's, a worker's bounds hold on one
+  host (it cannot start a request the server has not received, nor finish its prefill
+  after the first token left), so more misfits than the range leaves out mean a second
+  host (a server pair needs half, as a busy client's late ``sent`` breaks a few on one
+  host).
+- One pair per clock: a worker clock seen under several server clocks takes the pair with
+  the most requests (ties: by name); a clock that is also a server clock (of requests
+  with a client) is a worker only when its worker pair has more requests than its server
+  pair, whose requests then move with it.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def worker_bounds(
     clock_values: Sequence[str],
     server_clock: np.ndarray,
     server_start: np.ndarray,
-    back: np.ndarray,
+    first_byte: np.ndarray,
 ) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
     """Per (server clock, worker clock), each request's ``(lo, hi)`` (module docstring).
 
@@ -70,21 +74,19 @@ def worker_bounds(
             ``clock_values``.
         server_clock, server_start: per request, its server clock code (-1: none) and its
             ``server`` span's start.
-        back: per request, its ``first_byte`` (else its ``server`` span's end).
+        first_byte: per request, its ``first_byte`` (``_NONE``: none).
     """
     from ttft.analysis.clocks import GPU_CLOCK_PREFIX, K_PREFILL
 
-    # Candidates: the host clocks no request here has as its server clock (one that some
-    # request has is that pair's, here and in every part: `worker_offsets`).
-    candidate = np.array([v != CLIENT_CLOCK and not v.startswith(GPU_CLOCK_PREFIX)
-                          for v in clock_values] + [False])
-    candidate[server_clock[server_clock >= 0]] = False
-    if not candidate.any():
+    host = np.array([v != CLIENT_CLOCK and not v.startswith(GPU_CLOCK_PREFIX)
+                     for v in clock_values] + [False])
+    if host.sum() < 2 or len(server_clock) == 0:  # one host clock: no row is a worker's
         return {}
     n_clock = len(clock_values) + 1
-    rows = np.flatnonzero(candidate[clock])
+    rows = np.flatnonzero(host[clock])
     rows = rows[req[rows] >= 0]
-    rows = rows[server_clock[req[rows]] >= 0]
+    mine = server_clock[req[rows]]
+    rows = rows[(mine >= 0) & (clock[rows] != mine)]
     if len(rows) == 0:
         return {}
     keys, inv = np.unique(req[rows] * n_clock + clock[rows], return_inverse=True)
@@ -95,7 +97,7 @@ def worker_bounds(
     np.maximum.at(last, inv[pre], end_ns[rows][pre])
     r, worker = keys // n_clock, keys % n_clock
     lo = server_start[r] - first
-    hi = np.where(last != _NONE, back[r] - last, UNBOUNDED)
+    hi = np.where((last != _NONE) & (first_byte[r] != _NONE), first_byte[r] - last, UNBOUNDED)
     pair = server_clock[r] * n_clock + worker
     out = {}
     for code in np.unique(pair):
@@ -106,28 +108,31 @@ def worker_bounds(
 
 
 def worker_offsets(
-    bounds: Mapping[tuple[str, str], tuple[np.ndarray, np.ndarray]], servers: set[str]
+    bounds: Mapping[tuple[str, str], tuple[np.ndarray, np.ndarray]], servers: Mapping[str, int]
 ) -> list[ClockOffset]:
     """One offset per worker clock (``client_clock``: its server clock), sorted by worker
-    clock; a clock in ``servers`` (a server pair's) has none."""
+    clock: its pair with the most requests (ties: by server clock). A clock that is also
+    a server clock (``servers``: its server pair's requests) is a worker only where its
+    worker pair has more requests."""
     chosen: dict[str, tuple[str, str]] = {}
     for key in sorted(bounds):
-        server, worker = key
-        if worker in servers:
-            continue
+        worker = key[1]
         best = chosen.get(worker)
         if best is None or len(bounds[key][0]) > len(bounds[best][0]):
             chosen[worker] = key
-    return [_pair(*chosen[w], *bounds[chosen[w]]) for w in sorted(chosen)]
+    return [_pair(*chosen[w], *bounds[chosen[w]]) for w in sorted(chosen)
+            if len(bounds[chosen[w]][0]) > servers.get(w, 0)]
 
 
 def _pair(server_clock: str, worker_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
     from ttft.analysis.clocks import settled
 
-    low = int(np.quantile(lo, 0.99, method="higher"))
-    high = int(np.quantile(hi, 0.01, method="lower"))
+    n = len(lo)
+    outer = min(max(1, n // 100), n - 1)  # requests left out at each end of the range
+    low = int(np.partition(lo, n - 1 - outer)[n - 1 - outer])
+    high = int(np.partition(hi, outer)[outer])
     if high == UNBOUNDED:
         guess, spread = low, 0
     else:
         guess, spread = (low + high) // 2, high - low
-    return settled(server_clock, worker_clock, lo, hi, guess, spread, one_in=100, agreed=True)
+    return settled(server_clock, worker_clock, lo, hi, guess, spread, misfits=outer, agreed=True)

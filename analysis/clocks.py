@@ -157,10 +157,11 @@ def offsets_from_bounds(parts: Sequence[Bounds]) -> list[ClockOffset]:
         return (np.concatenate([part[key][0] for part in parts if key in part]),
                 np.concatenate([part[key][1] for part in parts if key in part]))
 
-    servers = sorted(key for key in keys if isinstance(key, str))
-    out = [_pair(name, *joined(name)) for name in servers]
-    workers = {key: joined(key) for key in keys if isinstance(key, tuple)}
-    return out + worker_offsets(workers, set(servers))
+    servers = [_pair(name, *joined(name)) for name in sorted(k for k in keys if isinstance(k, str))]
+    workers = worker_offsets({key: joined(key) for key in keys if isinstance(key, tuple)},
+                             {o.server_clock: o.requests for o in servers})
+    taken = {o.server_clock for o in workers}  # those clocks are workers, not servers
+    return [o for o in servers if o.server_clock not in taken] + workers
 
 
 def bounds(
@@ -201,9 +202,8 @@ def bounds(
     for code in np.unique(clocks):
         mine = clocks == code
         out[str(clock_values[code])] = (lo[mine], hi[mine])
-    back = np.where(first_byte != _NONE, first_byte, server1)
     out.update(worker_bounds(req, kind, start_ns, end_ns, clock, clock_values, s_clock,
-                             server0, back))
+                             server0, first_byte))
     return out
 
 
@@ -211,20 +211,20 @@ def _pair(server_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
     per_request = (lo.astype(np.float64) + hi.astype(np.float64)) / 2
     q25, median, q75 = np.percentile(per_request, [25, 50, 75])
     guess, spread = int(round(median)), int(round(q75 - q25))
-    return settled(CLIENT_CLOCK, server_clock, lo, hi, guess, spread, one_in=2,
+    return settled(CLIENT_CLOCK, server_clock, lo, hi, guess, spread, misfits=len(lo) // 2,
                    agreed=spread < abs(guess))
 
 
 def settled(reference: str, clock: str, lo: np.ndarray, hi: np.ndarray, guess: int,
-            spread: int, *, one_in: int, agreed: bool) -> ClockOffset:
+            spread: int, *, misfits: int, agreed: bool) -> ClockOffset:
     """The pair's `ClockOffset` at the estimate ``guess``: applied when at least
-    `MIN_REQUESTS` requests took part, more than 1 in ``one_in`` do not fit at offset 0
+    `MIN_REQUESTS` requests took part, more than ``misfits`` do not fit at offset 0
     (``lo > 0`` or ``hi < 0``), fewer do at ``guess``, the requests ``agreed`` on it, and a
     moved time stays inside int64."""
     before = int(((lo > 0) | (hi < 0)).sum())
     at_guess = int(((lo > guess) | (hi < guess)).sum())
     n = len(lo)
-    applied = (n >= MIN_REQUESTS and one_in * before > n and at_guess < before and agreed
+    applied = (n >= MIN_REQUESTS and before > misfits and at_guess < before and agreed
                and abs(guess) < TIME_LIMIT_NS)
     return ClockOffset(
         client_clock=reference,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -114,3 +115,52 @@ def test_partitions_estimate_the_worker_as_the_whole_does(partitions):
         applied = {c["server_clock"]: c for c in single["clocks"] if c["applied"]}
         assert set(applied) == {SERVER, WORKER}
         assert abs(applied[WORKER]["offset_ms"] + 6) < 0.3
+
+
+def cancelled(tab: pa.Table, requests: int, early_ns: int) -> pa.Table:
+    """``tab`` with its first ``requests`` requests cancelled mid-prefill: no boundary
+    event, the server span ending ``early_ns`` before the worker's last chunk does."""
+    frame = tab.to_pandas()
+    for name in ("stage", "name", "clock"):
+        frame[name] = frame[name].astype(object)
+    chunks = frame[frame["stage"] == "prefill.chunk"].groupby("trace_id")["end_ns"].max()
+    picked = sorted(chunks.index)[:requests]
+    for trace_id in picked:
+        server = (frame["trace_id"] == trace_id) & (frame["stage"] == "server")
+        frame.loc[server, "end_ns"] = chunks[trace_id] - early_ns
+    lost = frame["trace_id"].isin(picked) & frame["name"].isin(
+        ["first_byte", "first_token", "first_sampled"])
+    return pa.Table.from_pandas(frame[~lost], schema=tab.schema, preserve_index=False)
+
+
+@pytest.mark.parametrize(("requests", "cancel"), [(200, 5), (50, 1)])
+def test_cancelled_requests_on_one_host_move_nothing(requests, cancel):
+    """A cancelled request's server span may end before its prefill: only ``first_byte``
+    bounds the end (before: 1 such request of 50 moved the worker by 0.16 ms)."""
+    tab = cancelled(disagg(requests), cancel, 50_000)
+    worker = pair(estimate_offsets(tab), WORKER)
+    assert worker.violations_before == 0 and not worker.applied
+
+
+def test_a_worker_clock_some_requests_serve_on_is_judged_on_all_requests():
+    """Three requests (no client) have the worker's clock as their server clock: the whole
+    file and its partitions alike align the worker by its 200 requests (before: the whole
+    file left the 6 ms alone, partitions without the three moved it)."""
+    base = moved(disagg(), 6 * MS, (WORKER, GPU))
+    frame = base.to_pandas()
+    for name in ("stage", "clock", "trace_id", "span_id", "parent_id", "request_id"):
+        frame[name] = frame[name].astype(object)
+    picked = sorted(frame.loc[frame["stage"] == "server", "trace_id"])[:3]
+    extra = frame[frame["trace_id"].isin(picked) & (frame["clock"] != "client")].copy()
+    extra["clock"] = WORKER
+    extra = extra[extra["stage"] != "client"]
+    for name in ("trace_id", "request_id"):
+        extra[name] = ["e" + str(v)[1:] for v in extra[name]]
+    tab = pa.Table.from_pandas(pd.concat([frame, extra]), schema=base.schema,
+                               preserve_index=False)
+    single = one_process(tab, "client", "exclusive").summary.to_dict()
+    applied = {c["server_clock"]: c for c in single["clocks"] if c["applied"]}
+    assert abs(applied[WORKER]["offset_ms"] + 6) < 0.3 and applied[WORKER]["requests"] == 200
+    for partitions in (2, 5):
+        _, merged = in_partitions(split(tab, partitions), "client", "exclusive")
+        assert merged.to_dict() == single
