@@ -86,9 +86,11 @@ def perfetto_trace(table: pa.Table, *, requests: int | None = 100) -> dict[str, 
     ``ts`` 0, absent without events) and ``otherData`` naming ttft as the exporter.
 
     Every span's event carries its span fields in ``args`` (``trace_id``, ``span_id``,
-    ``parent_id``, ``request_id``, ``stage``, ``service``, ``clock``, ``attributes``), and
-    the ``ts`` are exact to the ns: ``ttft``'s chrome importer reads such a file back as
-    the exported spans (after the clock alignment above).
+    ``parent_id``, ``request_id``, ``stage``, ``service``, ``clock``, ``start_ns`` and
+    ``end_ns`` as recorded, ``attributes`` as an object, and ``attributes_text`` too where
+    that is not strict JSON): ``ttft``'s chrome importer reads such a file back as the
+    exported spans (after the clock alignment above). ``ts`` is for display: a float of µs,
+    it loses ns over a wide range.
     """
     events, base_ns = _events(table, requests)
     out: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
@@ -136,12 +138,13 @@ class _Row:
     """One span, its fields in `COLUMNS` order."""
 
     __slots__ = ("trace", "span", "parent", "request", "name", "stage", "start", "end",
-                 "clock", "service", "attributes")  # fmt: skip
+                 "clock", "service", "attributes", "end_ns")  # fmt: skip
 
     def __init__(self, *values: Any) -> None:
-        for slot, value in zip(self.__slots__, values, strict=True):
+        for slot, value in zip(self.__slots__[:-1], values, strict=True):
             setattr(self, slot, value)
-        self.end = max(self.end, self.start)  # end_before_start: drawn as a point
+        self.end_ns = self.end  # as recorded (args), while
+        self.end = max(self.end, self.start)  # end_before_start is drawn as a point
 
 
 def _rows(table: pa.Table) -> list[_Row]:
@@ -149,8 +152,16 @@ def _rows(table: pa.Table) -> list[_Row]:
     return [_Row(*values) for values in zip(*columns, strict=True) if None not in values[6:8]]
 
 
-def _attributes(text: str | None) -> Any:
-    """The attributes JSON as an object; never a NaN or infinity (invalid JSON)."""
+def _attributes(text: str | None) -> tuple[Any, bool]:
+    """The attributes JSON as an object, never a NaN or infinity (invalid JSON), and whether
+    it says all the text says (False: the text is not strict JSON, not an object, or repeats
+    a key)."""
+    repeated = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        if len({key for key, _ in items}) < len(items):
+            repeated.append(True)
+        return dict(items)
 
     def finite(token: str) -> float:
         value = float(token)
@@ -162,12 +173,15 @@ def _attributes(text: str | None) -> Any:
         raise ValueError(token)
 
     if not text:
-        return {}
+        return {}, True
     try:
-        value = json.loads(text, parse_float=finite, parse_constant=constant)
+        value = json.loads(text, parse_float=finite, parse_constant=constant,
+                           object_pairs_hook=pairs)
     except ValueError:
-        return {"raw": text}
-    return value if isinstance(value, dict) else {"value": value}
+        return {"raw": text}, False
+    if not isinstance(value, dict):
+        return {"value": value}, False
+    return value, not repeated
 
 
 def _short_ids(trace_ids: Sequence[str]) -> list[str]:
@@ -250,9 +264,12 @@ class _Builder:
     def args(self, r: _Row) -> dict:
         out = {"stage": r.stage, "trace_id": r.trace, "span_id": r.span,
                "parent_id": r.parent, "request_id": r.request, "service": r.service,
-               "clock": r.clock}
-        return {**{k: v for k, v in out.items() if v is not None},
-                "attributes": _attributes(r.attributes)}
+               "clock": r.clock, "start_ns": r.start, "end_ns": r.end_ns}
+        out = {k: v for k, v in out.items() if v is not None}
+        attributes, exact = _attributes(r.attributes)
+        if not exact:  # not strict JSON (NaN, a trailing comma): the text as it was, too
+            out["attributes_text"] = r.attributes
+        return {**out, "attributes": attributes}
 
     def emit(self, t_ns: int, event: dict) -> None:
         self.timed.append((t_ns, {"ph": event.pop("ph"), "ts": self.us(t_ns), **event}))

@@ -273,7 +273,7 @@ class Converter:
 
 
 _EXPORTED_IDS = ("trace_id", "span_id", "stage")
-_EXPORTED_OPTIONAL = ("parent_id", "request_id", "clock", "service")
+_EXPORTED_OPTIONAL = ("parent_id", "request_id", "clock", "service", "attributes_text")
 
 
 def _exported_row(item: _Item) -> dict[str, Any] | None:
@@ -286,6 +286,15 @@ def _exported_row(item: _Item) -> dict[str, Any] | None:
     if not all(value is None or isinstance(value, str) for value in optional.values()):
         return None
     attributes = args.get("attributes")
+    text = optional["attributes_text"]  # the exact text, where the object could not say it
+    if text is None:
+        text = _json(attributes) if isinstance(attributes, dict) and attributes else None
+    times = [args.get("start_ns"), args.get("end_ns")]
+    if (all(isinstance(t, int) and not isinstance(t, bool) and fits_int64(t) for t in times)
+            and times[0] <= times[1]):
+        start_ns, end_ns = times  # exact (an end before its start stays the point drawn)
+    else:
+        start_ns, end_ns = item.start_ns, item.end_ns
     return {
         "trace_id": args["trace_id"],
         "span_id": args["span_id"],
@@ -293,11 +302,11 @@ def _exported_row(item: _Item) -> dict[str, Any] | None:
         "request_id": optional["request_id"],
         "name": item.name,
         "stage": args["stage"],
-        "start_ns": item.start_ns,
-        "end_ns": item.end_ns,
+        "start_ns": start_ns,
+        "end_ns": end_ns,
         "clock": optional["clock"],
         "service": optional["service"],
-        "attributes": _json(attributes) if isinstance(attributes, dict) and attributes else None,
+        "attributes": text,
     }
 
 

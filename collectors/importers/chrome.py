@@ -30,8 +30,10 @@ from `ttft_fields` (``ttft.stage`` arg, else the name: a
 
 A file ``ttft export --perfetto`` wrote (``otherData.exporter`` ``"ttft"``) is read back as
 the spans it shows: each event whose args hold ``trace_id``, ``span_id`` and ``stage`` (as
-strings) takes its row's ids, request id, stage, service, clock and attributes from its args
-(its name and times from the event); other events follow the rules above.
+strings) takes its row's ids, request id, stage, service, clock, attributes (the exact text
+in ``attributes_text`` where the exporter kept it) and times (``start_ns``/``end_ns``, exact;
+a span that ends before its start is read as the point the export drew) from its args, and
+its name from the event; other events follow the rules above.
 
 Times: ``ts``/``dur`` are µs, parsed exactly and rounded once to ns. With PyTorch's
 ``baseTimeNanoseconds`` the result is epoch ns; without it ``ts`` keeps the file's own

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -96,3 +97,77 @@ def test_events_without_span_fields_follow_the_generic_rules(tmp_path):
     assert len(note) == 1 and note[0]["service"] == "999"
     assert note[0]["start_ns"] == document["baseTimeNanoseconds"]
     assert analysed(out)["requests"] == 5
+
+
+def as_recorded(tmp_path: Path, tab: pa.Table) -> Path:
+    """``tab`` in a ttft trace file as a collector might have recorded it: rows the writer
+    would refuse or rewrite (an end before its start, attributes not strict JSON) kept."""
+    path = tmp_path / "t.parquet"
+    write_trace(path, generate(1, seed=0).table)  # for the run metadata
+    pq.write_table(tab.replace_schema_metadata(pq.read_schema(path).metadata), path)
+    return path
+
+
+def exported_file(path: Path) -> Path:
+    out = path.with_suffix(".json")
+    result = runner.invoke(app, ["export", str(path), "--perfetto", str(out), "--requests", "0"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def with_attributes(tab: pa.Table, rows: dict[int, str]) -> pa.Table:
+    values = tab.column("attributes").to_pylist()
+    for i, text in rows.items():
+        values[i] = text
+    i = tab.schema.get_field_index("attributes")
+    return tab.set_column(i, tab.schema.field("attributes"), pa.array(values, pa.string()))
+
+
+def test_attributes_that_are_not_strict_json_come_back_as_written(tmp_path):
+    """NaN (Python's json.dumps writes it), a trailing comma, a repeated key: the analysis
+    reads them, so the export keeps their text: three timeouts stay timeouts (before: the
+    export's {"raw": text} made them ok requests)."""
+    tab = generate(30, seed=6).table
+    stage = tab.column("stage").cast(pa.string()).to_pylist()
+    clients = [i for i, s in enumerate(stage) if s == "client"][:3]
+    odd = ['{"outcome": "timeout", "error": "read timeout", "x": NaN}',
+           '{"outcome": "timeout", "error": "read timeout",}',
+           '{"outcome": "ok", "outcome": "timeout", "error": "read timeout"}']
+    tab = with_attributes(tab, dict(zip(clients, odd, strict=True)))
+    source = as_recorded(tmp_path, tab)
+    out = exported_file(source)
+    a, b = analysed(source), analysed(out)
+    assert a["failures"] == {"timeout": 3}
+    for key in a.keys() - {"trace"}:
+        assert b[key] == a[key], key
+
+
+def test_times_come_back_exact_over_a_wide_range(tmp_path):
+    """One span stamped near the epoch (an unset start) makes ``ts`` µs floats too coarse
+    for ns: the times in the args are exact."""
+    tab = generate(20, seed=8).table
+    starts = tab.column("start_ns").to_pylist()
+    stage = tab.column("stage").cast(pa.string()).to_pylist()
+    early = stage.index("tokenize")
+    starts[early] = 1_000
+    i = tab.schema.get_field_index("start_ns")
+    tab = tab.set_column(i, tab.schema.field("start_ns"), pa.array(starts, pa.int64()))
+    _, out = exported(tmp_path, tab, "--requests", "0")
+    back, source = keyed(read_spans(out)), keyed(tab)
+    assert all(fields == source[key] for key, fields in back.items())
+
+
+def test_a_span_that_ends_before_it_starts_comes_back_as_the_point_drawn(tmp_path):
+    tab = generate(12, seed=9).table
+    stage = tab.column("stage").cast(pa.string()).to_pylist()
+    bad = stage.index("tokenize")
+    starts, ends = tab.column("start_ns").to_pylist(), tab.column("end_ns").to_pylist()
+    ends[bad] = starts[bad] - 5
+    i = tab.schema.get_field_index("end_ns")
+    tab = tab.set_column(i, tab.schema.field("end_ns"), pa.array(ends, pa.int64()))
+    source = as_recorded(tmp_path, tab)
+    assert analysed(source)["quality"]["end_before_start"] == 1
+    out = exported_file(source)
+    back = read_spans(out)
+    row = back.filter(pc.equal(back.column("span_id"), tab.column("span_id")[bad])).to_pylist()
+    assert [(r["start_ns"], r["end_ns"]) for r in row] == [(starts[bad], starts[bad])]
