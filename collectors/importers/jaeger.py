@@ -72,6 +72,10 @@ class JaegerJSON:
 
     def read(self, path: Path) -> pa.Table:
         document = load_json(read_bytes(path), path)
+        errors = _errors(document)
+        if errors and not document.get("data"):
+            raise TraceFileError(path, "the Jaeger query answered with errors and no trace: "
+                                 + "; ".join(errors))
         rows: list[dict[str, Any]] = []
         try:
             for where, trace in _traces(document):
@@ -80,7 +84,8 @@ class JaegerJSON:
             raise TraceFileError(path, str(exc)) from None
         except RecursionError:
             raise TraceFileError(path, "a tag value is nested too deeply") from None
-        return rows_to_table(rows, path, self.name)
+        # Traces the answer holds are kept; what it could not find is said in the metadata.
+        return rows_to_table(rows, path, self.name, **({"query_errors": errors} if errors else {}))
 
 
 def _traces(document: Any) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -271,14 +276,35 @@ def _ns(value_us: Any, at: str) -> int:
     return value_ns
 
 
+_ANSWER_KEYS = frozenset(("data", "total", "limit", "offset", "errors"))
+
+
 def _empty_answer(head: bytes) -> bool:
-    """Whether ``head`` is the whole of an answer of the query API that matched no trace:
-    ``{"data": [], "total": 0, ...}`` (nothing in it names Jaeger but its shape)."""
+    """Whether ``head`` is the whole of an answer of the query API without traces: matched
+    none (``{"data": [], "total": 0, ...}``) or failed (``"data": null`` and ``errors``).
+    Nothing in it names Jaeger but its shape, so every key must be one of the answer's."""
     if len(head) >= 4096 or not head.startswith(b"{"):
         return False
     try:
         document = json.loads(head)
     except ValueError:
         return False
-    return (isinstance(document, dict) and document.get("data") == []
-            and {"total", "limit", "offset", "errors"} & document.keys() != set())
+    if not isinstance(document, dict) or not document.keys() <= _ANSWER_KEYS:
+        return False
+    return isinstance(document.get("total"), int) and (
+        document.get("data") == [] or (document.get("data") is None and bool(_errors(document))))
+
+
+def _errors(document: Any) -> list[str]:
+    """The ``errors`` of a query answer, each as ``code N: message`` (none: an empty list)."""
+    errors = document.get("errors") if isinstance(document, dict) else None
+    if not isinstance(errors, list):
+        return []
+    out = []
+    for error in errors:
+        if isinstance(error, dict):
+            code, message = error.get("code"), error.get("msg", error.get("message", ""))
+            out.append(f"code {code}: {message}" if code is not None else str(message))
+        else:
+            out.append(str(error))
+    return out

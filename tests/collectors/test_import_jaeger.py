@@ -204,9 +204,28 @@ def test_an_answer_that_matched_nothing_is_an_empty_jaeger_trace(tmp_path):
     empty.write_text('{"data": [], "total": 0, "limit": 0, "offset": 0, "errors": null}')
     assert guess_format(empty) == "jaeger"
     assert read_spans(empty).num_rows == 0
-    other = tmp_path / "other.json"
-    other.write_text('{"data": []}')  # no other key of the answer: not claimed
-    assert IMPORTERS["jaeger"].guess_can_open(other) is False
+    for i, text in enumerate(('{"data": []}', '{"data": [], "errors": []}',  # no total
+                              '{"data": [], "total": 0, "traceEvents": []}')):  # not its key
+        other = tmp_path / f"other{i}.json"
+        other.write_text(text)
+        assert IMPORTERS["jaeger"].guess_can_open(other) is False, text
+
+
+def test_an_answer_with_errors_says_them(tmp_path):
+    """An answer that failed is not an empty trace; one that found some traces keeps them
+    and says what it could not find in the metadata."""
+    failed = tmp_path / "failed.json"
+    failed.write_text('{"data": null, "total": 0, "limit": 0, "offset": 0, '
+                      '"errors": [{"code": 500, "msg": "storage unavailable"}]}')
+    assert guess_format(failed) == "jaeger"
+    with pytest.raises(TraceFileError, match="answered with errors.*code 500: storage unavail"):
+        read_spans(failed)
+    partial = write(tmp_path, {"data": [TRACE_ONE], "total": 1, "limit": 0, "offset": 0,
+                               "errors": [{"code": 404, "msg": "trace not found"}]})
+    table = IMPORTERS["jaeger"].read(partial)
+    assert table.num_rows > 0
+    meta = json.loads(table.schema.metadata[b"ttft"])
+    assert meta["query_errors"] == ["code 404: trace not found"]
 
 
 def test_truncated_file_names_the_file(tmp_path):
