@@ -9,6 +9,7 @@ import pytest
 from _validated import validated
 from typer.testing import CliRunner
 
+from ttft.analysis.clocks import estimate_offsets
 from ttft.collectors import read_spans, run_metadata
 from ttft.reports.cli import app
 from ttft.reports.runs.validate import DISAGG_DEFAULT_DELAYS_MS, check_delays, run_validate
@@ -52,6 +53,11 @@ def test_run_validate_disaggregated_recovers_the_transfer_delay(tmp_path):
     assert names.count("kv_transfer") == result.injected.requests
     mode = run_metadata(spans)["engine"]["disaggregated"]
     assert (mode["first_token"], mode["channel"]) == ("decode", "tcp 127.0.0.1")
+    # The worker's clock (host:<name>/prefill) is judged against the server's, and on one
+    # host every request fits: a real worker's spans never start before the server's span
+    # nor end their prefill after first_byte, so nothing moves.
+    (worker,) = [o for o in estimate_offsets(spans) if o.server_clock.endswith("/prefill")]
+    assert worker.requests > 0 and worker.violations_before == 0 and not worker.applied
 
 
 def test_a_transfer_delay_claimed_but_not_applied_is_a_miss(tmp_path):
