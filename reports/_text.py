@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.style import StyleType
 from rich.text import Text
 
+from ttft.tracer.schema import CLIENT_CLOCK
+
 __all__ = ["PlainConsole", "labelled", "plain", "safe"]
 
 # C0 controls, DEL, C1 controls, and the line separators and bidirectional overrides that
@@ -64,3 +66,14 @@ class PlainConsole(Console):
     def render_str(self, text: str, **kwargs: Any) -> Text:
         kwargs.update(markup=False, emoji=False)
         return super().render_str(safe(text, keep_newlines=True), **kwargs)
+
+
+def moved_in_all(clocks: list[dict[str, Any]], c: dict[str, Any]) -> str:
+    """For a worker pair ``c`` of ``clocks`` (``analysis.summary.clock_list``) whose server
+    clock moves, how far its rows move (that offset, then its own): ``; with S's, its rows
+    move ±X ms``; else ``""``."""
+    server = next((s["offset_ms"] for s in clocks if s["client_clock"] == CLIENT_CLOCK
+                   and s["server_clock"] == c["client_clock"]), 0.0)
+    if c["client_clock"] == CLIENT_CLOCK or not server:
+        return ""
+    return f"; with {c['client_clock']}'s, its rows move {server + c['offset_ms']:+,.3f} ms"

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from ttft.analysis.quality import MEANING
 from ttft.reports import _figures
 from ttft.reports._colours import colour
+from ttft.reports._text import moved_in_all
 from ttft.reports.regime_view import RegimeResult
 from ttft.reports.report_data import FIT_MIN_R2, ReportData, metadata_rows
 from ttft.reports.transfer_view import transfer_html
@@ -153,10 +154,8 @@ def _rows(rows: list[tuple[str, str]], head: str = "", attrs: str = "") -> str:
 
 def _left_out(count: int) -> str:
     """The requests that did not fail but have no window at the boundary (``no_window``)."""
-    if not count:
-        return ""
-    return (f'<div class="unit">{count:,} more requests left out: no TTFT window at this '
-            "boundary</div>")
+    text = f"{count:,} more requests left out: no TTFT window at this boundary"
+    return f'<div class="unit">{text}</div>' if count else ""
 
 
 def _failures(failures: dict[str, int], ok: int) -> str:
@@ -300,10 +299,11 @@ def _quality(data: ReportData) -> str:
         )
     for c in data.summary.clocks or []:
         state = "applied" if c["applied"] else "not applied"
+        also = _e(moved_in_all(data.summary.clocks, c))
         parts.append(
             f'<p class="warn">clocks: {_e(c["server_clock"])} → {_e(c["client_clock"])}: '
             f"offset {c['offset_ms']:+,.3f} ms {state} (estimate {c['estimate_ms']:+,.3f} ms, "
-            f"spread {c['spread_ms']:,.3f} ms over {c['requests']:,} requests)</p>"
+            f"spread {c['spread_ms']:,.3f} ms over {c['requests']:,} requests){also}</p>"
         )
     return "".join(parts)
 

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ttft.analysis.quality import MEANING
 from ttft.analysis.summary import Summary
-from ttft.reports._text import labelled, plain
+from ttft.reports._text import labelled, moved_in_all, plain
 from ttft.reports.transfer_view import TITLE, transfer_rows
 from ttft.tracer.schema import CLIENT_CLOCK
 
@@ -340,4 +340,5 @@ def render_quality(summary: Summary, console: Console) -> None:
             line = f"{pair} offset {c['offset_ms']:+,.3f} ms ({how})"
         else:
             line = f"{pair} not adjusted ({how})"
-        console.print(labelled("clocks:", "yellow", line))
+        console.print(labelled("clocks:", "yellow", line + moved_in_all(summary.clocks, c)))
+

@@ -164,3 +164,17 @@ def test_a_worker_clock_some_requests_serve_on_is_judged_on_all_requests():
     for partitions in (2, 5):
         _, merged = in_partitions(split(tab, partitions), "client", "exclusive")
         assert merged.to_dict() == single
+
+
+def test_the_terminal_says_how_far_a_worker_moves_in_all():
+    from test_clocks import rendered
+
+    from ttft.analysis.summary import summarize
+
+    skewed = moved(moved(disagg(), 40 * MS, (SERVER, WORKER, GPU)), 6 * MS, (WORKER, GPU))
+    asm = assemble(skewed)
+    text = rendered(summarize(attribute(asm), asm).to_dict())
+    assert f"clocks: {SERVER} → client offset -40.000 ms" in text
+    own = pair(asm.quality.clocks, WORKER).offset_ns / MS
+    assert f"clocks: {WORKER} → {SERVER} offset {own:+,.3f} ms" in text
+    assert f"with {SERVER}'s, its rows move {own - 40:+,.3f} ms" in text
