@@ -52,7 +52,9 @@ class Rows:
     field, end before start); ``service``/``clock`` codes into ``service_values`` /
     ``clock_values`` (-1 for null). ``table`` is the span table itself (names, attributes).
     ``gpu_chunk``/``gpu_row`` are the step join's pairs: each request ``prefill.chunk`` row
-    and an engine ``gpu`` row joined to it (what attribution's gpu copies are made of).
+    and an engine ``gpu`` row joined to it (what attribution's gpu copies are made of), and
+    ``gpu_move`` the ns the pair's copy moves beyond its gpu row's own times (a gpu row
+    without a host clock in its trace moves with the chunk: ``Spans`` holds the copy there).
     """
 
     table: pa.Table
@@ -67,6 +69,7 @@ class Rows:
     clock_values: list[str]
     gpu_chunk: np.ndarray
     gpu_row: np.ndarray
+    gpu_move: np.ndarray
 
     def of(self, *stages: str, requests_only: bool = False) -> np.ndarray:
         """Indices of the valid rows whose stage is one of ``stages`` (only rows of a
@@ -209,7 +212,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     # A gpu row whose engine trace shows no host clock moves, in its copies, with the chunk
     # that launched it: its service's one host clock in the table (`row_shift`) is not
     # what one partition of a dataset shows.
-    move = None
+    move, fix = None, np.zeros(len(gpu_rows), np.int64)
     if untraced is not None and untraced[gpu_rows].any():
         fix = np.where(untraced[gpu_rows], shift[chunk_rows] - shift[gpu_rows], 0)
         move = np.concatenate([np.zeros(n_plain, np.int64), fix])[order]
@@ -285,7 +288,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     )
     quality.add("clock_shift", int(clock_shift.sum()), requests["trace_id"][clock_shift])
     rows = Rows(table, row_req, stage, start, end, valid, service, service_values, clock_raw,
-                clock_values, chunk_rows, gpu_rows)
+                clock_values, chunk_rows, gpu_rows, fix)
     return Assembly(requests, spans, token_req, token_ns, quality, rows)
 
 

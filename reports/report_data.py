@@ -249,13 +249,16 @@ def request_spans(asm: Assembly, request: int, a_ns: int, b_ns: int,
         return _frame(rows, own)
     services = np.unique(rows.service[chunks])
     # The gpu spans attribution joined to its chunks (a reused step id names one engine
-    # trace's, not every trace's with that (service, step_id)).
-    gpu = np.unique(rows.gpu_row[np.isin(rows.gpu_chunk, chunks)])
+    # trace's, not every trace's with that (service, step_id)), where their copies are.
+    pairs = np.flatnonzero(np.isin(rows.gpu_chunk, chunks))
+    gpu, first = np.unique(rows.gpu_row[pairs], return_index=True)
+    drawn = pd.concat([_frame(rows, own), _frame(rows, gpu, rows.gpu_move[pairs[first]])],
+                      ignore_index=True)
     if steps is None:
         step = rows.of("step")
         step = step[np.isin(rows.service[step], services)]
         near = (rows.end_ns[step] > a_ns) & (rows.start_ns[step] < b_ns)
-        return _frame(rows, np.concatenate([own, gpu, step[near]]))
+        return pd.concat([drawn, _frame(rows, step[near])], ignore_index=True)
     names = [rows.service_values[s] if s >= 0 else None for s in services]
     start, end = steps.column("start_ns").to_numpy(), steps.column("end_ns").to_numpy()
     on = pd.Series(steps.column("service").to_pylist(), dtype=object).isin(names).to_numpy()
@@ -269,12 +272,12 @@ def request_spans(asm: Assembly, request: int, a_ns: int, b_ns: int,
             "service").to_pylist()],
         "start_ns": start[near], "end_ns": end[near],
     })
-    return pd.concat([_frame(rows, np.concatenate([own, gpu])), outside], ignore_index=True)
+    return pd.concat([drawn, outside], ignore_index=True)
 
 
-def _frame(rows: Rows, take: np.ndarray) -> pd.DataFrame:
+def _frame(rows: Rows, take: np.ndarray, moved: np.ndarray | int = 0) -> pd.DataFrame:
     """``name, stage, clock, service, start_ns, end_ns`` of the rows ``take``, on the
-    assembly's (aligned) clock (a missing clock or service as ``""``)."""
+    assembly's (aligned) clock and ``moved`` further (a missing clock or service as ``""``)."""
     table = rows.table
     return pd.DataFrame(
         {
@@ -282,8 +285,8 @@ def _frame(rows: Rows, take: np.ndarray) -> pd.DataFrame:
             "stage": rows.stage_names(take),
             "clock": rows.clock_names(take),
             "service": np.asarray([*rows.service_values, ""], dtype=object)[rows.service[take]],
-            "start_ns": rows.start_ns[take],
-            "end_ns": rows.end_ns[take],
+            "start_ns": rows.start_ns[take] + moved,
+            "end_ns": rows.end_ns[take] + moved,
         }
     )
 

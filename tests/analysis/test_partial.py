@@ -451,3 +451,23 @@ def test_a_gpu_span_without_a_host_clock_in_its_trace_moves_with_its_chunk(parti
     assert sorted(gpu.tolist()) == [0] + [400_000] * 10  # all of each chunk's gpu span
     _, merged = in_partitions(split(whole, partitions), "client", "exclusive")
     assert merged.to_dict() == single.summary.to_dict()
+
+
+def test_a_waterfall_draws_a_moved_gpu_copy_where_attribution_has_it():
+    """The waterfall draws the same gpu time attribution counts: a copy that moved with its
+    chunk is drawn there (before: 10 ms off, at its gpu row's own times)."""
+    from ttft.analysis._trees import CODE
+    from ttft.analysis.assemble import assemble
+    from ttft.reports.report_data import request_spans
+
+    asm = assemble(_untraced_gpu_trace())
+    spans = asm.spans
+    drawn = 0
+    for i in range(len(asm.requests)):
+        frame = request_spans(asm, i, 0, 2**62)
+        gpu = frame[frame["stage"] == "gpu"]
+        copies = (spans.req == i) & (spans.stage == CODE["gpu"])
+        assert sorted(zip(gpu["start_ns"], gpu["end_ns"], strict=True)) == sorted(
+            zip(spans.start_ns[copies], spans.end_ns[copies], strict=True))
+        drawn += len(gpu)
+    assert drawn == 10
