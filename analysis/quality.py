@@ -78,7 +78,7 @@ class Quality:
         if count <= 0:
             return
         self.counts[defect] += int(count)
-        smallest = heapq.nsmallest(EXAMPLES_KEPT, (str(e) for e in examples))
+        smallest = heapq.nsmallest(EXAMPLES_KEPT, {str(e) for e in examples})  # distinct
         kept = self.examples[defect]
         kept[:] = sorted(set(kept) | set(smallest))[:EXAMPLES_KEPT]
 

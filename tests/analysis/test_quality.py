@@ -66,3 +66,17 @@ def test_rows_with_missing_fields_are_dropped_and_counted():
     assert result.quality.examples["missing_field"] == [f"span {span_id}"]  # not its position
     parts = result.attributed.iloc[0]
     assert parts["tokenize"] == 0 and int(parts.sum()) == 90
+
+
+def test_examples_are_the_smallest_distinct_ones_in_one_part_or_several():
+    """A trace id named by several rows (chunks of one request) is one example: one part
+    kept ['a'] of a, a, a, b, c while two parts merged kept a, b, c."""
+    from ttft.analysis.quality import Quality
+
+    whole = Quality()
+    whole.add("reused_step_id", 5, ["a", "a", "a", "b", "c"])
+    first, second = Quality(), Quality()
+    first.add("reused_step_id", 3, ["a", "a", "a"])
+    second.add("reused_step_id", 2, ["b", "c"])
+    assert whole.examples["reused_step_id"] == ["a", "b", "c"]
+    assert first.merged(second).examples == whole.examples
