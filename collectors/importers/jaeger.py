@@ -74,8 +74,9 @@ class JaegerJSON:
         document = load_json(read_bytes(path), path)
         errors = _errors(document)
         if errors and not document.get("data"):
+            more = f"; and {len(errors) - 5:,} more" if len(errors) > 5 else ""
             raise TraceFileError(path, "the Jaeger query answered with errors and no trace: "
-                                 + "; ".join(errors))
+                                 + "; ".join(errors[:5]) + more)
         rows: list[dict[str, Any]] = []
         try:
             for where, trace in _traces(document):
@@ -277,14 +278,17 @@ def _ns(value_us: Any, at: str) -> int:
 
 
 _ANSWER_KEYS = frozenset(("data", "total", "limit", "offset", "errors"))
+_LONG_ANSWER = re.compile(rb'\{\s*"data"\s*:\s*(null|\[\s*\])\s*,\s*"total"\s*:\s*\d+\s*,')
 
 
 def _empty_answer(head: bytes) -> bool:
     """Whether ``head`` is the whole of an answer of the query API without traces: matched
     none (``{"data": [], "total": 0, ...}``) or failed (``"data": null`` and ``errors``).
     Nothing in it names Jaeger but its shape, so every key must be one of the answer's."""
-    if len(head) >= 4096 or not head.startswith(b"{"):
+    if not head.startswith(b"{"):
         return False
+    if len(head) >= 4096:  # too long to parse here: the answer's own opening, as Jaeger writes it
+        return _LONG_ANSWER.match(head) is not None
     try:
         document = json.loads(head)
     except ValueError:
@@ -304,7 +308,9 @@ def _errors(document: Any) -> list[str]:
     for error in errors:
         if isinstance(error, dict):
             code, message = error.get("code"), error.get("msg", error.get("message", ""))
-            out.append(f"code {code}: {message}" if code is not None else str(message))
+            text = f"code {code}: {message}" if code is not None else str(message)
+            trace_id = error.get("traceID")
+            out.append(text if trace_id is None else f"{text} (trace {trace_id})")
         else:
             out.append(str(error))
     return out

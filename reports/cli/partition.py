@@ -58,12 +58,15 @@ def partition(
     from ttft.reports.runs.partitioned import write_partitioned
 
     _refuse_nonempty(out)
-    tables, first = [], None
+    tables, first, missing = [], None, []
     for trace in traces:
         table, metadata = load_trace(trace, format=format, mapping=mapping)
         tables.append(table)
         first = metadata if first is None else first
+        missing += (metadata or {}).get("query_errors", [])  # what any input could not find
     metadata = {**(first or {}), "inputs": [str(trace) for trace in traces]}
+    if missing:
+        metadata["query_errors"] = missing
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     try:
         written = write_partitioned(out, table, partitions, metadata, progress)

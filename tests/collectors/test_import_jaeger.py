@@ -220,6 +220,12 @@ def test_an_answer_with_errors_says_them(tmp_path):
     assert guess_format(failed) == "jaeger"
     with pytest.raises(TraceFileError, match="answered with errors.*code 500: storage unavail"):
         read_spans(failed)
+    many = tmp_path / "many.json"  # longer than the 4 KiB a guess reads
+    many.write_text(json.dumps({"data": None, "total": 0, "limit": 0, "offset": 0, "errors": [
+        {"code": 404, "msg": "trace not found", "traceID": f"{i:032x}"} for i in range(60)]}))
+    assert guess_format(many) == "jaeger"
+    with pytest.raises(TraceFileError, match=r"not found \(trace 0{32}\).*and 55 more"):
+        read_spans(many)
     partial = write(tmp_path, {"data": [TRACE_ONE], "total": 1, "limit": 0, "offset": 0,
                                "errors": [{"code": 404, "msg": "trace not found"}]})
     table = IMPORTERS["jaeger"].read(partial)

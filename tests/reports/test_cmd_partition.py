@@ -102,3 +102,24 @@ def test_analyze_refuses_a_half_written_dataset(synth, tmp_path):
     result = runner.invoke(app, ["analyze", str(out)])
     assert result.exit_code == 2
     assert "_ttft_dataset.json: missing" in result.output
+
+
+def test_what_any_input_could_not_find_is_kept(tmp_path):
+    """Two Jaeger answers, the second partial: its errors reach the dataset's metadata
+    (before: only the first input's metadata was kept)."""
+    def answer(trace_id: str, errors) -> dict:
+        span = {"traceID": trace_id, "spanID": "00000000000000a1", "operationName": "server",
+                "startTime": 1_700_000_000_000_000, "duration": 1000, "processID": "p1",
+                "references": [], "tags": [], "logs": []}
+        return {"data": [{"traceID": trace_id, "spans": [span],
+                          "processes": {"p1": {"serviceName": "api", "tags": []}}}],
+                "total": 1, "limit": 0, "offset": 0, "errors": errors}
+
+    clean, partial = tmp_path / "clean.json", tmp_path / "partial.json"
+    clean.write_text(json.dumps(answer("0" * 31 + "1", None)))
+    partial.write_text(json.dumps(answer("0" * 31 + "2", [{"code": 500, "msg": "shard 3 down"}])))
+    out = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", str(clean), str(partial), "-o", str(out),
+                                 "--partitions", "2"])
+    assert result.exit_code == 0, result.output
+    assert run_metadata(read_spans(out))["query_errors"] == ["code 500: shard 3 down"]
