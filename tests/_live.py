@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pyarrow as pa
 import uvicorn
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -73,3 +77,29 @@ def wait_until(predicate, timeout_s: float = TIMEOUT_S) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path | None = None,
+                 timeout_s: float = 60.0) -> None:
+    """Poll ``url``/health until it answers 200; the process must stay alive meanwhile
+    (its ``log`` is the failure message) and answer within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, log.read_text() if log else "the server exited"
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        assert time.monotonic() < deadline, f"{url} did not start"
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> None:
+    """Send ``sig`` and wait for the exit; a process still running after ``timeout_s`` is
+    killed and the timeout raised."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise

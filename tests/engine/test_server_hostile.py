@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _live import running
+from _live import running, wait_healthy
 from prometheus_client.parser import text_string_to_metric_families
 
 from ttft.engine.server import build_engine, create_app
@@ -52,14 +52,7 @@ def serve_process(tmp: Path, env: dict[str, str] | None = None) -> Iterator[str]
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "ttft serve did not start"
-            time.sleep(0.2)
+        wait_healthy(proc, url, log_path, START_TIMEOUT_S)
         yield url
     finally:
         proc.send_signal(2)

@@ -15,15 +15,14 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from _live import wait_healthy
 from typer.testing import CliRunner
 
 from ttft.collectors import read_spans, run_metadata
@@ -73,14 +72,7 @@ def mock_server(executable: str, log: Path) -> Iterator[str]:
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, f"guidellm exited: {log.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"guidellm did not start: {log.read_text()}"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            time.sleep(0.1)
+        wait_healthy(proc, url, log, START_TIMEOUT_S)
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -3,18 +3,17 @@ trace it wrote analyzed by `ttft analyze`."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import openai
+from _live import stop, wait_healthy
 
 from ttft.collectors import read_spans
 
@@ -25,18 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_healthy(server: subprocess.Popen, port: int, log: Path) -> None:
-    """Poll ``/health`` until the server answers 200 (60 s at most; it must stay alive)."""
-    deadline = time.monotonic() + 60
-    while True:
-        assert server.poll() is None, log.read_text()
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.2)
 
 
 def ttft_script() -> str:
@@ -69,7 +56,7 @@ def test_serve_trace_and_analyze(tmp_path):
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_healthy(server, port, tmp_path / "serve.log")
+        wait_healthy(server, f"http://127.0.0.1:{port}", tmp_path / "serve.log")
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30
         )
@@ -84,13 +71,8 @@ def test_serve_trace_and_analyze(tmp_path):
             assert "".join(c.choices[0].text for c in stream if c.choices)
         client.close()
     finally:
-        server.send_signal(signal.SIGINT)
         try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-            raise
+            stop(server, signal.SIGINT)
         finally:
             log.close()
     # 130 = 128 + SIGINT: uvicorn re-raises the signal after a clean shutdown
@@ -130,18 +112,12 @@ def test_sigterm_shuts_down_and_writes_the_trace_file(tmp_path):
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         try:
-            wait_healthy(server, port, tmp_path / "serve.log")
+            wait_healthy(server, f"http://127.0.0.1:{port}", tmp_path / "serve.log")
             reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
                                json={"model": "tiny", "prompt": "hello there", "max_tokens": 3})
             assert reply.status_code == 200
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-                raise
+            stop(server, signal.SIGTERM)
     assert server.returncode == 128 + signal.SIGTERM, (tmp_path / "serve.log").read_text()
     assert trace.is_file() and not Path(f"{trace}.parts").exists()
     assert read_spans(trace).num_rows > 0
