@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ttft.analysis import _buckets
+from ttft.analysis import _columns as col
 from ttft.analysis._buckets import MAX_BITS, active_bits, iter_blocks, nearest_ancestor, take_rows
 from ttft.analysis._critical import critical_path
 from ttft.analysis._trees import CODE, N_STAGES, value_rank
@@ -137,6 +138,10 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     every = 8 * int((~has).sum()) <= n_req
     counts = sp.counts if every else np.where(has, sp.counts, 0)
     a_in, b_in = (np.where(has, a, 0), np.where(has, b, 0)) if every else (a, b)
+    if policy == "exclusive" and len(sp.req) >= col.KERNEL_ROWS:
+        # Compiled, one request at a time; the blocks take only the requests it leaves.
+        slow = _swept(sp, has, a, b, root, boundary, cut_lo, cut_hi, has_cut, out)
+        counts, a_in, b_in = np.where(slow, sp.counts, 0), a, b
     for ids, pos in iter_blocks(counts, sp.offsets):
         block = _Block(sp, ids, pos, a_in, b_in, root, boundary, cut_lo, cut_hi, has_cut)
         run = {"exclusive": block.exclusive, "shared": block.shared}
@@ -168,6 +173,27 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
 
 _NAME_RANK = np.argsort(np.argsort(np.asarray(STAGE_NAMES)))
 """Each stage code's rank by stage name."""
+
+
+def _swept(sp, has, a, b, root, boundary, cut_lo, cut_hi, has_cut, out) -> np.ndarray:
+    """``exclusive`` parts of the requests with ``has`` by `_kernels.exclusive_sweep`, into
+    ``out``; returns the requests it left to the blocks (many spans, or an order only trace
+    ids decide)."""
+    from ttft.analysis._kernels import exclusive_sweep  # numba: only large tables need it
+
+    tables = np.stack([ELIGIBLE[boundary].astype(np.int64), _PRIO, _NAME_RANK.astype(np.int64)])
+    codes = np.array([CODE[ROOT_ONLY_STAGE[boundary]], CODE["unattributed"],
+                      int(boundary == "client")], np.int64)
+    slow = np.zeros(len(has), bool)
+    # One layout and dtype per argument, so the kernel is compiled for one signature.
+    per_request = [np.ascontiguousarray(v, dtype) for v, dtype in (
+        (sp.counts, np.int64), (sp.offsets, np.int64), (has, bool), (a, np.int64),
+        (b, np.int64), (root, np.int64), (np.broadcast_to(has_cut, has.shape), bool),
+        (cut_lo, np.int64), (cut_hi, np.int64))]
+    exclusive_sweep(*per_request, sp.stage, sp.client, sp.start_ns, sp.end_ns, sp.keep,
+                    sp.depth, sp.sid_hi, sp.sid_lo, tables, codes, out["att"], out["cov"],
+                    out["raw"], slow)
+    return slow
 
 
 class _Block:

@@ -1,0 +1,96 @@
+"""The compiled kernels (``analysis._kernels``) against the vectorized steps they stand in
+for on large tables: the same answers on the same input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from _build import event, row, table
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from ttft.analysis import _columns
+from ttft.analysis._columns import int_attribute
+from ttft.analysis.assemble import assemble
+from ttft.analysis.attribution import attribute
+from ttft.collectors.synthetic import generate
+from ttft.tracer.schema import BOUNDARY_NAMES
+
+
+def _both(texts, rows, key, monkeypatch) -> tuple[list[int], list[int]]:
+    """``int_attribute`` by the expressions (below `KERNEL_ROWS`) and by the scan (the
+    threshold lowered to 1)."""
+    arr = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string())
+    by_regex = int_attribute(arr, rows, key).tolist()
+    with monkeypatch.context() as m:
+        m.setattr(_columns, "KERNEL_ROWS", 1)
+        by_scan = int_attribute(arr, rows, key).tolist()
+    return by_regex, by_scan
+
+
+_pieces = st.sampled_from(['"k":', '"k": ', '"k"', "{", "{", "}", ":", " ", "\t", ",", '"',
+                           "\\", "-", ".", "0", "7", "123", "e", "E", "[", "]", '"a":', "9" * 19,
+                           "é"])
+"""Pieces that often make a key, a colon and a number, in and out of objects."""
+
+
+@settings(max_examples=400)
+@example(['"k":1', '{{"k":1', ' {"k":-0}', '{"k":3.00e', '{"a":{"k":2},"k":5}', '{"k":1.}',
+          '{"k":' + '9' * 19 + '}', '{"k": ' + '9' * 18 + '}'])
+@given(st.lists(st.one_of(st.none(), st.lists(_pieces, max_size=12).map("".join)),
+                max_size=12))
+def test_int_scan_reads_any_text_as_the_expressions_do(texts):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        by_regex, by_scan = _both(texts, np.arange(len(texts)), "k", monkeypatch)
+    assert by_scan == by_regex
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(0, 99).map(lambda v: f'{{"k": {v}}}')),
+                min_size=1, max_size=20), st.data())
+def test_int_scan_reads_slices_and_dictionary_columns_at_their_rows(texts, data):
+    cut = data.draw(st.integers(0, len(texts) - 1))
+    rows = np.array(sorted(data.draw(st.sets(st.integers(0, len(texts) - cut - 1)))), np.int64)
+    want = [json.loads(t)["k"] if t else -1 for t in texts[cut:]]
+    sliced = pa.array(texts, pa.string()).slice(cut)  # an Arrow offset inside the buffers
+    encoded = pa.chunked_array([pa.array(texts[cut:], pa.string()).dictionary_encode()])
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for arr in (sliced, encoded):
+            assert _both(arr, rows, "k", monkeypatch) == ([want[r] for r in rows],) * 2
+
+
+def _long_and_tied_requests() -> list[dict]:
+    """Two requests the sweep leaves to the blocks: one of 70 spans (more than
+    `MAX_SWEEP`), and one whose client and server traces (one request id) hold one span id
+    at one start, stage and depth, which only the trace ids order."""
+    client = {"clock": "client", "service": "loadgen"}
+    rows = [row(1, 1, "client", 0, 1000, **client), event(1, 2, "first_token", 900, **client),
+            row(1, 3, "server", 10, 990, parent=1), event(1, 4, "first_byte", 880, parent=3)]
+    rows += [row(1, 10 + i, "forward", 20 + 10 * i, 40 + 10 * i, parent=3) for i in range(66)]
+    rows += [row(2, 1, "client", 0, 500, request_id="r", **client),
+             event(2, 2, "first_token", 400, request_id="r", **client),
+             row(3, 3, "server", 10, 490, request_id="r"),
+             event(3, 4, "first_byte", 380, request_id="r"),
+             row(2, 7, "queue", 100, 300, parent=1, request_id="r"),
+             row(3, 7, "queue", 100, 200, parent=3, request_id="r")]
+    return rows
+
+
+@pytest.mark.parametrize("boundary", BOUNDARY_NAMES)
+def test_exclusive_sweep_equals_the_blocks(boundary):
+    """The compiled sweep against the blocks on a synthetic workload (with gpu copies and
+    several chunks per request) and on the requests it leaves to the blocks."""
+    synthetic = generate(400, seed=3).table
+    for tbl in (synthetic, pa.concat_tables([synthetic, table(_long_and_tied_requests())])):
+        asm = assemble(tbl)
+        want = attribute(asm, boundary, "exclusive")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_columns, "KERNEL_ROWS", 1)
+            got = attribute(asm, boundary, "exclusive")
+        pd.testing.assert_frame_equal(got.requests, want.requests)
+        for part in ("attributed", "covered", "raw"):
+            pd.testing.assert_frame_equal(getattr(got, part), getattr(want, part))
+        assert (got.attributed.sum(axis=1) == got.requests.ttft_ns).all()
