@@ -97,8 +97,13 @@ def resolve_trees(
         phi, plo, hp = pos.take(psid[0]), pos.take(psid[1]), pos.take(has_parent)
         tr, ptr = pos.take(trace), pos.take(psid[2])
         client = pos.take(spans.client)
-        # What tells copies of one span id apart, so the copy kept never depends on row order.
-        copy_key = (plo, phi, hp, client, stage, end, start)
+        # What tells copies of one span id apart, so the copy kept never depends on row order:
+        # last, the trace its parent is found in, by trace id (a gpu span joined through two
+        # chunks of one id in two traces of the request: the copies differ only there).
+        def parent_trace(cols: np.ndarray, ptr: np.ndarray = ptr) -> np.ndarray:
+            return value_rank(ptr.ravel()[cols], trace_values)
+
+        copy_key = (parent_trace, plo, phi, hp, client, stage, end, start)
         parent, keep, found = _links(hi, lo, tr, hs, phi, plo, ptr, hp, copy_key)
         pos.put(spans.parent, parent)
         pos.put(spans.depth, _depths(parent))
@@ -259,17 +264,18 @@ def _links_small(
     return parent, np.ones((n, k), bool), parent >= 0
 
 
-def _copies_first(order: np.ndarray, first: np.ndarray, copy_key: tuple[np.ndarray, ...]
-                  ) -> np.ndarray:
+def _copies_first(order: np.ndarray, first: np.ndarray, copy_key: tuple) -> np.ndarray:
     """``order`` (sorted by request and id, ``first`` marking each group's start) with each
     group of copies reordered by ``copy_key`` then column, so the kept copy (the group's
-    first) never depends on row order."""
+    first) never depends on row order. A key is a block-shaped array, or a function of
+    the flat columns of the copies that gives their keys (one costly to compute for all)."""
     group = np.cumsum(first) - 1
     sizes = np.bincount(group)
     in_copies = sizes[group] > 1
     members = np.flatnonzero(in_copies)  # positions in ``order``, groups contiguous
     cols = order[members]
-    within = np.lexsort((cols, *(c.ravel()[cols] for c in copy_key), group[members]))
+    keys = (c(cols) if callable(c) else c.ravel()[cols] for c in copy_key)
+    within = np.lexsort((cols, *keys, group[members]))
     out = order.copy()
     out[members] = cols[within]
     return out
@@ -284,7 +290,7 @@ def _links(
     plo: np.ndarray,
     ptr: np.ndarray,
     has_parent: np.ndarray,
-    copy_key: tuple[np.ndarray, ...],
+    copy_key: tuple,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per ``(requests, K)`` block: the parent column of every span (-1 none), ``keep``
     (false for all but one copy of a duplicated span id) and whether the parent was found.

@@ -312,3 +312,35 @@ def test_one_span_id_in_two_traces_of_a_request_is_ordered_by_stage_then_trace()
                 row(2, 5, "prefill", 100, 500, request_id="r"),
                 row(2, 7, "prefill.chunk", 300, 500, parent=5, request_id="r")]
     assert len(_answers(siblings, "critical-path")) == 1
+
+
+def test_the_copy_kept_of_a_gpu_span_joined_twice_never_depends_on_row_order():
+    """A gpu span joined through two chunks of one span id, in two traces of one request
+    (one under the server, one under tokenize): its copies differ only in the trace their
+    parent is found in. The one kept is the one whose parent's trace id is smaller, in
+    any order of the rows (before: the first in row order, so its depth was 2 or 3)."""
+    from _build import event, row, table
+
+    from ttft.analysis.assemble import assemble
+
+    rows = [
+        row(1, 1, "server", 0, 1000, request_id="r0"),
+        row(1, 5, "prefill.chunk", 100, 600, parent=1, step_id=7),
+        event(1, 6, "first_byte", 900, parent=1),
+        row(2, 2, "server", 0, 1000, request_id="r0"),
+        row(2, 3, "tokenize", 50, 700, parent=2),
+        row(2, 5, "prefill.chunk", 100, 600, parent=3, step_id=7),
+        row(100, 9, "gpu", 150, 650, step_id=7, clock="gpu:0"),
+    ]
+    rng = np.random.default_rng(0)
+    orders = [np.arange(len(rows)), np.arange(len(rows))[::-1],
+              *(rng.permutation(len(rows)) for _ in range(30))]
+    seen = set()
+    for order in orders:
+        sp = assemble(table([rows[i] for i in order])).spans
+        kept = np.flatnonzero((sp.stage == trees.CODE["gpu"]) & sp.keep)
+        assert len(kept) == 1 and (sp.stage == trees.CODE["gpu"]).sum() == 2
+        (g,) = kept
+        parent = sp.offsets[sp.req[g]] + sp.parent[g]
+        seen.add((int(sp.depth[g]), sp.trace_values[sp.trace[parent]]))
+    assert seen == {(2, "00000000000000000000000000000001")}
