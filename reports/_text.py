@@ -68,6 +68,18 @@ class PlainConsole(Console):
         return super().render_str(safe(text, keep_newlines=True), **kwargs)
 
 
+def spread_words(c: dict[str, Any]) -> str:
+    """What a pair's ``spread_ms`` (``analysis.summary.clock_list``) measures, in words: a
+    server pair's is the interquartile range of its requests' estimates; a worker pair's
+    the width of the offsets its requests all fit (but the outer few), negative when none
+    fits them all, which is said as such instead of as a negative spread."""
+    if c["client_clock"] == CLIENT_CLOCK:
+        return f"spread {c['spread_ms']:,.3f} ms"
+    if c["spread_ms"] < 0:
+        return f"no offset fits every request (bounds cross by {-c['spread_ms']:,.3f} ms)"
+    return f"range {c['spread_ms']:,.3f} ms wide"
+
+
 def moved_in_all(clocks: list[dict[str, Any]], c: dict[str, Any]) -> str:
     """For a worker pair ``c`` of ``clocks`` (``analysis.summary.clock_list``) whose server
     clock moves, how far its rows move (that offset, then its own): ``; with S's, its rows

@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from ttft.analysis.quality import MEANING
 from ttft.reports import _figures
 from ttft.reports._colours import colour
-from ttft.reports._text import moved_in_all
+from ttft.reports._text import moved_in_all, spread_words
 from ttft.reports.regime_view import RegimeResult
 from ttft.reports.report_data import FIT_MIN_R2, ReportData, metadata_rows
 from ttft.reports.transfer_view import transfer_html
@@ -303,7 +303,7 @@ def _quality(data: ReportData) -> str:
         parts.append(
             f'<p class="warn">clocks: {_e(c["server_clock"])} → {_e(c["client_clock"])}: '
             f"offset {c['offset_ms']:+,.3f} ms {state} (estimate {c['estimate_ms']:+,.3f} ms, "
-            f"spread {c['spread_ms']:,.3f} ms over {c['requests']:,} requests){also}</p>"
+            f"{_e(spread_words(c))} over {c['requests']:,} requests){also}</p>"
         )
     return "".join(parts)
 

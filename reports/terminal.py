@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ttft.analysis.quality import MEANING
 from ttft.analysis.summary import Summary
-from ttft.reports._text import labelled, moved_in_all, plain
+from ttft.reports._text import labelled, moved_in_all, plain, spread_words
 from ttft.reports.transfer_view import TITLE, transfer_rows
 from ttft.tracer.schema import CLIENT_CLOCK
 
@@ -330,7 +330,7 @@ def render_quality(summary: Summary, console: Console) -> None:
     for c in summary.clocks or []:  # present only when a clock pair disagrees
         pair = f"{c['server_clock']} → {c['client_clock']}"
         how = (
-            f"estimate {c['estimate_ms']:+,.3f} ms, spread {c['spread_ms']:,.3f} ms, "
+            f"estimate {c['estimate_ms']:+,.3f} ms, {spread_words(c)}, "
             f"{c['requests']:,} requests; "
             + ("server interval outside the client's: " if c["client_clock"] == CLIENT_CLOCK
                else "worker spans outside the server's: ")

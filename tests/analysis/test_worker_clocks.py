@@ -178,3 +178,42 @@ def test_the_terminal_says_how_far_a_worker_moves_in_all():
     own = pair(asm.quality.clocks, WORKER).offset_ns / MS
     assert f"clocks: {WORKER} → {SERVER} offset {own:+,.3f} ms" in text
     assert f"with {SERVER}'s, its rows move {own - 40:+,.3f} ms" in text
+
+
+def _clock_line(tab: pa.Table) -> tuple[dict, str]:
+    """The worker pair of ``tab``'s summary, and its terminal ``clocks:`` line (the HTML
+    report says the spread by the same words, ``reports._text.spread_words``)."""
+    from rich.console import Console
+
+    from ttft.reports.terminal import render_quality
+
+    summary = one_process(tab, "client", "exclusive").summary
+    (c,) = [c for c in summary.clocks if c["server_clock"] == WORKER]
+    console = Console(record=True, width=400)
+    render_quality(summary, console)
+    (line,) = [x for x in console.export_text().splitlines() if WORKER in x]
+    return c, line
+
+
+def test_a_worker_pair_says_what_its_spread_is():
+    """A worker pair's ``spread_ms`` is the width of the offsets all its requests fit: the
+    terminal line says "range … wide", and where no offset fits them all (half the workers
+    20 ms ahead, half 20 ms behind) that the bounds cross, never a negative spread."""
+    ahead = moved(disagg(), 20 * MS, (WORKER,))
+    c, line = _clock_line(ahead)
+    assert c["applied"] and c["spread_ms"] > 0
+    assert f"range {c['spread_ms']:,.3f} ms wide" in line and "spread" not in line
+
+    tab = disagg()
+    traces = pc.unique(tab.column("trace_id")).to_pylist()
+    half = pc.is_in(tab.column("trace_id"), pa.array(traces[::2]))
+    on_worker = pc.equal(tab.column("clock"), WORKER)
+    for name in ("start_ns", "end_ns"):
+        i, column = tab.schema.get_field_index(name), tab.column(name)
+        shift = pc.if_else(half, 20 * MS, -20 * MS)
+        tab = tab.set_column(i, tab.schema.field(name),
+                             pc.if_else(on_worker, pc.add(column, shift), column))
+    c, line = _clock_line(tab)
+    assert c["spread_ms"] < 0
+    assert f"no offset fits every request (bounds cross by {-c['spread_ms']:,.3f} ms)" in line
+    assert "spread -" not in line
