@@ -4,7 +4,7 @@ request whole (``ttft.collectors.dataset``), for one task per partition."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -58,15 +58,12 @@ def partition(
     from ttft.reports.runs.partitioned import write_partitioned
 
     _refuse_nonempty(out)
-    tables, first, missing = [], None, []
+    tables, runs = [], []
     for trace in traces:
         table, metadata = load_trace(trace, format=format, mapping=mapping)
         tables.append(table)
-        first = metadata if first is None else first
-        missing += (metadata or {}).get("query_errors", [])  # what any input could not find
-    metadata = {**(first or {}), "inputs": [str(trace) for trace in traces]}
-    if missing:
-        metadata["query_errors"] = missing
+        runs.append((str(trace), metadata or {}))
+    metadata = merged_metadata(runs)
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     try:
         written = write_partitioned(out, table, partitions, metadata, progress)
@@ -75,6 +72,62 @@ def partition(
     except OSError as exc:
         raise fail(f"{exc.filename or out}: cannot write ({exc.strerror or exc})") from None
     err.print(plain(describe_written(written)), soft_wrap=True)
+
+
+_COUNTED = ("rejected", "estimated")
+"""Defects counted in run metadata (``{"count", "examples"}``, `analysis.quality`)."""
+_EXAMPLES = 10
+
+
+def merged_metadata(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The run metadata of the inputs ``(name, metadata)`` of one dataset.
+
+    A key every input gives one value keeps it. A key the inputs disagree on, or that only
+    some give, is kept per input under ``differs`` (``{key: {input: value}}``) and not at
+    the top: one input's device or model standing for all would price every request by
+    it. The defects counted in metadata (``rejected``, ``estimated``) are summed, with the
+    smallest distinct examples; ``skipped_events`` are summed per event; ``query_errors``
+    (what any input could not find) are joined; ``inputs`` names the inputs."""
+    merged: dict[str, Any] = {}
+    differs: dict[str, dict[str, Any]] = {}
+    special = {*_COUNTED, "skipped_events", "query_errors", "inputs", "differs"}
+    for key in dict.fromkeys(k for _, meta in runs for k in meta if k not in special):
+        values = [meta.get(key, _ABSENT) for _, meta in runs]
+        if all(v == values[0] for v in values):
+            merged[key] = values[0]
+        else:
+            differs[key] = {name: meta[key] for name, meta in runs if key in meta}
+    for key in _COUNTED:
+        counted = [meta[key] for _, meta in runs if isinstance(meta.get(key), dict)
+                   and _is_count(meta[key].get("count"))]
+        if counted:
+            examples = sorted({str(e) for c in counted if isinstance(c.get("examples"), list)
+                               for e in c["examples"]})
+            merged[key] = {"count": sum(c["count"] for c in counted),
+                           "examples": examples[:_EXAMPLES]}
+    skipped: dict[str, int] = {}
+    for _, meta in runs:
+        found = meta.get("skipped_events")
+        for event, count in (found.items() if isinstance(found, dict) else ()):
+            if _is_count(count):
+                skipped[event] = skipped.get(event, 0) + count
+    if skipped:
+        merged["skipped_events"] = dict(sorted(skipped.items()))
+    missing = [e for _, meta in runs if isinstance(meta.get("query_errors"), list)
+               for e in meta["query_errors"]]
+    if missing:
+        merged["query_errors"] = missing
+    if differs:
+        merged["differs"] = differs
+    merged["inputs"] = [name for name, _ in runs]
+    return merged
+
+
+_ABSENT = object()
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def describe_written(written: Written) -> str:

@@ -123,3 +123,34 @@ def test_what_any_input_could_not_find_is_kept(tmp_path):
                                  "--partitions", "2"])
     assert result.exit_code == 0, result.output
     assert run_metadata(read_spans(out))["query_errors"] == ["code 500: shard 3 down"]
+
+
+def test_every_input_s_metadata_counts_and_none_stands_for_all(tmp_path):
+    """Two inputs, each with spans its importer rejected and on its own device: the dataset
+    counts both inputs' rejected spans (before: the first input's 3 alone, so analyze
+    said 3 where the inputs held 5), keeps what they agree on, and keeps the device per
+    input under ``differs`` instead of the first's for every request."""
+    from ttft.collectors import write_trace
+    from ttft.collectors.synthetic import generate
+
+    paths = []
+    for i, (count, gpu) in enumerate([(3, "H100"), (2, "H200")]):
+        path = tmp_path / f"in{i}.parquet"
+        rejected = {"count": count, "examples": [f"in{i}: span {k}" for k in range(count)]}
+        write_trace(path, generate(20, seed=i).table,
+                    {"engine": {"name": "synthetic"}, "device": {"name": gpu},
+                     "rejected": rejected, "skipped_events": {"tool_call": i + 1}})
+        paths.append(path)
+    out = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", *map(str, paths), "-o", str(out),
+                                 "--partitions", "2"])
+    assert result.exit_code == 0, result.output
+    meta = run_metadata(read_spans(out))
+    assert meta["engine"] == {"name": "synthetic"}
+    assert "device" not in meta
+    assert meta["differs"]["device"] == {str(paths[0]): {"name": "H100"},
+                                         str(paths[1]): {"name": "H200"}}
+    assert meta["rejected"] == {"count": 5, "examples": sorted(
+        [f"in0: span {k}" for k in range(3)] + [f"in1: span {k}" for k in range(2)])}
+    assert meta["skipped_events"] == {"tool_call": 3}
+    assert _analyze_json(out)["quality"]["rejected_span"] == 5
