@@ -254,11 +254,14 @@ def _before(x, y, o, key, sid_hi, sid_lo, stage, name_rank) -> int:
 @njit(cache=True, nogil=True)
 def _covered(r, k, o, stage, inc, lo, hi, raw, cov, scratch) -> None:
     """``cov[r]``: per stage, the union of its included spans' clipped intervals (its raw
-    sum where it has one); ``scratch`` is overwritten."""
+    sum where it has one); ``scratch`` is overwritten. ``done`` marks the stages summed
+    (stage codes are < 63), so a stage whose union is 0 ns is summed once too."""
+    done = 0
     for j in range(k):
         s = stage[o + j]
-        if not inc[j] or cov[r, s] != 0:
+        if not inc[j] or (done >> s) & 1:
             continue
+        done |= 1 << s
         n = 0
         for q in range(j, k):  # this stage's included columns, by ascending start
             if inc[q] and stage[o + q] == s:
