@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,16 +29,24 @@ def take(col: pa.ChunkedArray | pa.Array, rows: np.ndarray) -> pa.Array:
     string column would first concatenate all of it)."""
     if isinstance(col, pa.Array):
         return col.take(pa.array(rows, type=pa.int64()))
-    bounds = np.cumsum([0] + [len(c) for c in col.chunks])
-    cuts = np.searchsorted(rows, bounds)
-    pieces = [
-        chunk.take(pa.array(rows[cuts[i] : cuts[i + 1]] - bounds[i], type=pa.int64()))
-        for i, chunk in enumerate(col.chunks)
-        if cuts[i + 1] > cuts[i]
-    ]
+    pieces = [col.chunks[i].take(pa.array(local, type=pa.int64()))
+              for i, _, _, local in by_chunk([len(c) for c in col.chunks], rows)]
     if not pieces:
         return pa.array([], type=col.type)
     return pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def by_chunk(lengths: Sequence[int], rows: np.ndarray
+             ) -> Iterator[tuple[int, int, int, np.ndarray]]:
+    """Ascending ``rows`` of a column whose chunks have ``lengths``, split at the chunk
+    bounds: per chunk holding some, ``(chunk, a, b, local)``, ``rows[a:b]`` being in it at
+    ``local``."""
+    bounds = np.cumsum([0, *lengths])
+    cuts = np.searchsorted(rows, bounds)
+    for i in range(len(lengths)):
+        a, b = int(cuts[i]), int(cuts[i + 1])
+        if b > a:
+            yield i, a, b, rows[a:b] - bounds[i]
 
 
 def among(codes: np.ndarray, wanted, size: int) -> np.ndarray:
@@ -263,13 +272,9 @@ def _scanned(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key: str)
     column = attributes if isinstance(attributes, pa.ChunkedArray) else pa.chunked_array(
         [attributes])
     rows = np.asarray(rows, dtype=np.int64)
-    bounds = np.cumsum([0] + [len(c) for c in column.chunks])
-    cuts = np.searchsorted(rows, bounds)
     name = np.frombuffer(json.dumps(key).encode(), np.uint8)
-    for i, chunk in enumerate(column.chunks):
-        a, b = cuts[i], cuts[i + 1]
-        if a == b:
-            continue
+    for i, a, b, local in by_chunk([len(c) for c in column.chunks], rows):
+        chunk = column.chunks[i]
         if pa.types.is_dictionary(chunk.type) or pa.types.is_large_string(chunk.type):
             chunk = chunk.cast(pa.string())
         n = len(chunk)
@@ -278,7 +283,7 @@ def _scanned(attributes: pa.ChunkedArray | pa.Array, rows: np.ndarray, key: str)
         data = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
         valid = (np.ones(n, bool) if not chunk.null_count else
                  np.asarray(pc.is_valid(chunk).to_numpy(zero_copy_only=False), bool))
-        int_scan(offsets, data, valid, rows[a:b] - bounds[i], name, out[a:b])
+        int_scan(offsets, data, valid, local, name, out[a:b])
     at = np.flatnonzero(out == PARSE)
     if len(at):
         texts = take(column, rows[at]).to_pylist()

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.analysis._columns import one_array
+from ttft.analysis._columns import by_chunk, one_array
 
 
 def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -133,23 +133,18 @@ def _gather_words(fixed: list[tuple[np.ndarray, np.ndarray | None]], lengths: li
                   rows: np.ndarray | None) -> Words:
     """`id_words` of one column from its chunks' `_fixed_ids`: rows sorted once (when they
     are not), split at the chunk bounds, and read chunk by chunk."""
-    bounds = np.cumsum([0, *lengths])
     if rows is None:
-        rows = np.arange(bounds[-1])
+        rows = np.arange(sum(lengths))
     rows = np.asarray(rows, dtype=np.int64)
     perm = None
     if len(rows) > 1 and not np.all(rows[1:] >= rows[:-1]):
         perm = np.argsort(rows, kind="stable")
         rows = rows[perm]
-    cuts = np.searchsorted(rows, bounds)
     high = np.zeros(len(rows), np.uint64)
     low = np.zeros(len(rows), np.uint64)
     present = np.zeros(len(rows), bool)
-    for i, (words, place) in enumerate(fixed):
-        a, b = cuts[i], cuts[i + 1]
-        if a == b:
-            continue
-        local = rows[a:b] - bounds[i]
+    for i, a, b, local in by_chunk(lengths, rows):
+        words, place = fixed[i]
         if place is None:
             picked = words[local]
             high[a:b], low[a:b], present[a:b] = picked[:, 0], picked[:, 1], True
