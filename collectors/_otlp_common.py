@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from ttft.collectors._spans import to_span_table
 from ttft.collectors.otlp_rows import request_to_rows
+from ttft.collectors.run_counts import EXAMPLES
 from ttft.collectors.writer import TraceWriter
 
 Sink = Callable[[pa.Table], None]
@@ -53,7 +54,7 @@ def bearer_ok(authorization: str | None, token: str) -> bool:
 
 
 def store_export(chunks: Iterable[ExportTraceServiceRequest], parse_rejected: list[str],
-                 sink: Sink) -> tuple[ExportTraceServiceResponse, int, int]:
+                 sink: Sink) -> tuple[ExportTraceServiceResponse, int, list[str]]:
     """Convert an export's spans to rows chunk by chunk, hand each chunk's rows to ``sink``
     as one table, and answer.
 
@@ -67,7 +68,7 @@ def store_export(chunks: Iterable[ExportTraceServiceRequest], parse_rejected: li
     Returns:
         The response (``partial_success`` with ``rejected_spans`` and the first
         ``MAX_ERRORS_REPORTED`` messages joined by ``"; "`` when some spans were rejected),
-        the number of spans stored and the number rejected.
+        the number of spans stored and one message per span rejected.
 
     Raises:
         Exception: whatever ``sink`` raises. The chunks before it were stored: the sender
@@ -87,7 +88,17 @@ def store_export(chunks: Iterable[ExportTraceServiceRequest], parse_rejected: li
     if rejected:
         response.partial_success.rejected_spans = len(rejected)
         response.partial_success.error_message = "; ".join(rejected[:MAX_ERRORS_REPORTED])
-    return response, stored, len(rejected)
+    return response, stored, rejected
+
+
+REJECTED_EXAMPLES = EXAMPLES
+"""Messages of rejected spans kept as examples in the run metadata."""
+
+
+def smallest_examples(groups: Iterable[Iterable[str]]) -> list[str]:
+    """The smallest `REJECTED_EXAMPLES` distinct messages of ``groups``: the same whatever
+    the order the spans came in or the receivers they came to."""
+    return sorted({m for group in groups for m in group})[:REJECTED_EXAMPLES]
 
 
 class ReceiverBookkeeping:
@@ -105,6 +116,8 @@ class ReceiverBookkeeping:
         requests: requests answered, whatever the status.
         spans_received: spans accepted and handed to the sink.
         spans_rejected: invalid spans dropped from otherwise good requests.
+        rejected_examples: the smallest distinct messages of those (at most
+            `REJECTED_EXAMPLES`), for the run metadata's ``rejected``.
         rejected: requests answered with an error status.
         max_inflight_bytes: the budget on bytes in flight.
     """
@@ -118,6 +131,7 @@ class ReceiverBookkeeping:
         self.requests = 0
         self.spans_received = 0
         self.spans_rejected = 0
+        self.rejected_examples: list[str] = []
         self.rejected = 0
 
     @contextlib.contextmanager
@@ -164,10 +178,12 @@ class ReceiverBookkeeping:
         with self._lock:
             self.rejected += 1
 
-    def _count_spans(self, received: int, rejected: int) -> None:
+    def _count_spans(self, received: int, rejected: list[str]) -> None:
         with self._lock:
             self.spans_received += received
-            self.spans_rejected += rejected
+            self.spans_rejected += len(rejected)
+            if rejected:
+                self.rejected_examples = smallest_examples([self.rejected_examples, rejected])
 
     def _mark_stopped(self) -> bool:
         """Admit no more requests. Returns whether it was already stopped."""

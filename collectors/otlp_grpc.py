@@ -24,6 +24,7 @@ from ttft.collectors._otlp_common import (
     Sink,
     as_sink,
     bearer_ok,
+    smallest_examples,
     store_export,
 )
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
@@ -258,6 +259,11 @@ class Collector:
     def spans_rejected(self) -> int:
         """Invalid spans dropped from otherwise good requests."""
         return sum(r.spans_rejected for r in self._receivers)
+
+    @property
+    def rejected_examples(self) -> list[str]:
+        """The smallest distinct messages of the spans rejected."""
+        return smallest_examples(r.rejected_examples for r in self._receivers)
 
     @property
     def rejected(self) -> int:

@@ -20,6 +20,7 @@ from ttft.collectors._log import LogError, read_log
 from ttft.collectors._runs import Run, refreshed, trace_runs
 from ttft.collectors._spans import Fail, conform
 from ttft.collectors.errors import MAX_DECOMPRESSED_BYTES, MAX_PARQUET_RATIO, TraceFileError
+from ttft.collectors.run_counts import COUNTED, SKIPPED, counted_sums
 from ttft.tracer.schema import COLUMNS, INPUTS_KEY, METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
 __all__ = ["iter_batches", "read_parquet", "read_parquet_metadata", "trace_files"]
@@ -99,11 +100,12 @@ class _Budget:
 _ATTEMPTS = 3  # looks at a run whose files keep vanishing under a live writer
 
 
-def _read_tables(path: str | os.PathLike[str], batch_rows: int, inputs: list[dict] | None = None
-                 ) -> Iterator[tuple[pa.Table, bytes]]:
+def _read_tables(path: str | os.PathLike[str], batch_rows: int, inputs: list[dict] | None = None,
+                 runs: list[bytes] | None = None) -> Iterator[tuple[pa.Table, bytes]]:
     """Checked tables of a trace, each with its file's raw run metadata (an empty table for
     a file without rows). A bad row is reported by its number within its file. With
-    ``inputs``, one entry per run read is appended to it (see :func:`read_parquet`).
+    ``inputs``, one entry per run read is appended to it (see :func:`read_parquet`); with
+    ``runs``, each run's raw metadata (its newest).
 
     A finished run is read lazily; an unfinished one (a live or killed writer's parts and
     log) whole, and looked at again if a file vanishes meanwhile (its part was written, or
@@ -120,6 +122,8 @@ def _read_tables(path: str | os.PathLike[str], batch_rows: int, inputs: list[dic
                 raise TraceFileError(run.parts[0], "vanished while being read") from None
             if inputs is not None:
                 inputs.append({"path": str(run.path), "state": "finished", "spans": count})
+            if runs is not None:
+                runs.append(raw)
             continue
         for attempt in range(_ATTEMPTS):
             try:
@@ -132,6 +136,8 @@ def _read_tables(path: str | os.PathLike[str], batch_rows: int, inputs: list[dic
                 run = refreshed(run)
         if inputs is not None:
             inputs.append(described)
+        if runs is not None and tables:
+            runs.append(tables[-1][1])
         yield from tables
 
 
@@ -191,12 +197,28 @@ def _file_tables(file: Path, batch_rows: int, budget: _Budget
             offset += batch.num_rows
 
 
+def _newest_with_counts(runs: list[bytes]) -> bytes:
+    """The newest run's metadata (the last of ``runs``), with the defects every run counted
+    summed (`run_counts.counted_sums`): spans one run's collector rejected are not lost
+    because a later run rejected none."""
+    parsed = []
+    for raw in runs:
+        try:
+            meta = json.loads(raw)
+        except (ValueError, RecursionError):
+            meta = {}
+        parsed.append(meta if isinstance(meta, dict) else {})
+    newest = {k: v for k, v in parsed[-1].items() if k not in (*COUNTED, SKIPPED)}
+    return json.dumps({**newest, **counted_sums(parsed)}).encode()
+
+
 def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
     """Read a whole trace (a file or a directory of parts) into one table.
 
     Returns:
         A table with exactly SPAN_SCHEMA whose schema metadata holds the run metadata under
-        METADATA_KEY (for a directory, that of its last part or log, the most recent). For a
+        METADATA_KEY (for a directory, that of its last part or log, the most recent, with
+        the defects every run counted summed: `_newest_with_counts`). For a
         directory or an unfinished run, the schema metadata's ``INPUTS_KEY`` says what was
         read (:func:`ttft.collectors.reader.read_inputs`): a JSON list, per run
         its ``path``, ``state`` (``finished``, or ``unfinished``: a writer still writing it
@@ -210,9 +232,10 @@ def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
             `MAX_PARQUET_RATIO` times its size on disk (a compression bomb).
     """
     inputs: list[dict[str, Any]] = []
-    read = list(_read_tables(path, batch_rows=65_536, inputs=inputs))
+    runs: list[bytes] = []
+    read = list(_read_tables(path, batch_rows=65_536, inputs=inputs, runs=runs))
     table = pa.concat_tables([table for table, _ in read])
-    metadata = {METADATA_KEY: read[-1][1]}
+    metadata = {METADATA_KEY: _newest_with_counts(runs) if len(runs) > 1 else read[-1][1]}
     if Path(path).is_dir() or not inputs[0]["state"] == "finished":
         metadata[INPUTS_KEY] = json.dumps(inputs).encode()
     return table.replace_schema_metadata(metadata)

@@ -93,6 +93,9 @@ def _receive(out: Path, listen: _Listen, duration_s: float | None) -> None:
         for number, handler in previous.items():
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
     try:
+        if collector.spans_rejected:  # analysis counts them (rejected_span), as an import's
+            writer.set_metadata(rejected={"count": collector.spans_rejected,
+                                          "examples": collector.rejected_examples})
         writer.close()
     except OSError as exc:
         raise fail(f"{writer.path}: could not finish the trace ({exc})") from None

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ttft.collectors.run_counts import COUNTED, SKIPPED, counted_sums
 from ttft.reports._text import plain
 from ttft.reports.cli._app import app, err, fail, load_trace, progress
 from ttft.reports.cli._options import FormatOption, MappingOption
@@ -74,11 +75,6 @@ def partition(
     err.print(plain(describe_written(written)), soft_wrap=True)
 
 
-_COUNTED = ("rejected", "estimated")
-"""Defects counted in run metadata (``{"count", "examples"}``, `analysis.quality`)."""
-_EXAMPLES = 10
-
-
 def merged_metadata(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The run metadata of the inputs ``(name, metadata)`` of one dataset.
 
@@ -90,29 +86,14 @@ def merged_metadata(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     (what any input could not find) are joined; ``inputs`` names the inputs."""
     merged: dict[str, Any] = {}
     differs: dict[str, dict[str, Any]] = {}
-    special = {*_COUNTED, "skipped_events", "query_errors", "inputs", "differs"}
+    special = {*COUNTED, SKIPPED, "query_errors", "inputs", "differs"}
     for key in dict.fromkeys(k for _, meta in runs for k in meta if k not in special):
         values = [meta.get(key, _ABSENT) for _, meta in runs]
         if all(v == values[0] for v in values):
             merged[key] = values[0]
         else:
             differs[key] = {name: meta[key] for name, meta in runs if key in meta}
-    for key in _COUNTED:
-        counted = [meta[key] for _, meta in runs if isinstance(meta.get(key), dict)
-                   and _is_count(meta[key].get("count"))]
-        if counted:
-            examples = sorted({str(e) for c in counted if isinstance(c.get("examples"), list)
-                               for e in c["examples"]})
-            merged[key] = {"count": sum(c["count"] for c in counted),
-                           "examples": examples[:_EXAMPLES]}
-    skipped: dict[str, int] = {}
-    for _, meta in runs:
-        found = meta.get("skipped_events")
-        for event, count in (found.items() if isinstance(found, dict) else ()):
-            if _is_count(count):
-                skipped[event] = skipped.get(event, 0) + count
-    if skipped:
-        merged["skipped_events"] = dict(sorted(skipped.items()))
+    merged.update(counted_sums(meta for _, meta in runs))
     missing = [e for _, meta in runs if isinstance(meta.get("query_errors"), list)
                for e in meta["query_errors"]]
     if missing:
@@ -124,10 +105,6 @@ def merged_metadata(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 
 
 _ABSENT = object()
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def describe_written(written: Written) -> str:

@@ -73,6 +73,7 @@ def _staged(dataset: Path) -> tuple[list[pa.Table], dict[str, Any], list[str]]:
     """The tables to partition at ``dataset`` (its own rows, then its staged runs), the
     newest run metadata and the inputs (the dataset's, then each staged run's path)."""
     from ttft.collectors import is_dataset, read_inputs, read_spans, run_metadata
+    from ttft.collectors.run_counts import counted_sums
     from ttft.collectors.staging import staging_path
 
     tables, metadata, inputs = [], {}, []
@@ -84,7 +85,9 @@ def _staged(dataset: Path) -> tuple[list[pa.Table], dict[str, Any], list[str]]:
     staging = staging_path(dataset)
     if staging.is_dir() and any(staging.iterdir()):
         table = read_spans(staging)
-        metadata = {**metadata, **run_metadata(table)}
+        staged = run_metadata(table)
+        # The newest run's metadata, with the defects the dataset and the runs counted summed.
+        metadata = {**metadata, **staged, **counted_sums([metadata, staged])}
         tables.append(table)
         runs = read_inputs(table) or [{"path": str(staging)}]
         inputs += [str(Path(run["path"]).relative_to(dataset)) for run in runs]

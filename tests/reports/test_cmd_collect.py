@@ -3,12 +3,15 @@ OTLP/gRPC, stopped by a signal; its errors, in-process."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import signal
 import socket
 import time
 
+import grpc
 import pytest
-from _collect import CollectProcess
+from _collect import CollectProcess, one_scope_export
 from _live import Collect
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
     OTLPSpanExporter as GrpcSpanExporter,
@@ -16,12 +19,14 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
 )
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from typer.testing import CliRunner
 
 from ttft.collectors import read_spans, run_metadata
+from ttft.collectors.otlp_grpc import EXPORT_METHOD
 from ttft.reports.cli import app
 
 T0_NS = 1_700_000_000_000_000_000
@@ -120,3 +125,41 @@ def test_collect_errors_a_user_can_act_on(tmp_path):
     for (out, *flags), message in cases.items():
         result = runner.invoke(app, ["collect", "-o", out, *flags, "--duration", "0"])
         assert (result.exit_code, result.stderr.strip()) == (2, message)
+
+
+def test_spans_collect_rejected_are_counted_by_analyze(tmp_path):
+    """A span ``ttft collect`` dropped (no trace id) is a ``rejected_span`` of the trace it
+    wrote, with its message, over HTTP and gRPC alike (before: only the stop line said
+    so, and analyze found no defect in a trace missing spans)."""
+    out = tmp_path / "spans"
+    collect = CollectProcess(out, "--duration", "60")
+    try:
+        sent = []
+        for n_bad in (1, 2):  # one export over each protocol
+            request = one_scope_export(5)
+            for span in request.resource_spans[0].scope_spans[0].spans[:n_bad]:
+                span.trace_id = b""
+            sent.append(request)
+        connection = http.client.HTTPConnection("127.0.0.1", collect.http_port, timeout=10)
+        connection.request("POST", "/v1/traces", sent[0].SerializeToString(),
+                           {"Content-Type": "application/x-protobuf"})
+        answers = [ExportTraceServiceResponse.FromString(connection.getresponse().read())]
+        connection.close()
+        with grpc.insecure_channel(collect.grpc_url.removeprefix("http://")) as channel:
+            export = channel.unary_unary(
+                EXPORT_METHOD, request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=ExportTraceServiceResponse.FromString)
+            answers.append(export(sent[1], timeout=10))
+        collect.process.send_signal(signal.SIGINT)
+        assert collect.process.wait(timeout=TIMEOUT_S) == 0
+        line = collect.next_line(r"^collected ", time.monotonic() + TIMEOUT_S).string
+    finally:
+        collect.kill()
+    assert [a.partial_success.rejected_spans for a in answers] == [1, 2]
+    assert "7 spans from 2 requests (0 requests rejected, 3 spans rejected)" in line
+    rejected = run_metadata(read_spans(out))["rejected"]
+    assert rejected["count"] == 3 and rejected["examples"]
+    assert all("trace" in message for message in rejected["examples"])
+    result = runner.invoke(app, ["analyze", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["quality"]["rejected_span"] == 3
