@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from ttft.collectors._spans import to_span_table
 from ttft.collectors.otlp_rows import request_to_rows
-from ttft.collectors.run_counts import EXAMPLES
+from ttft.collectors.run_counts import smallest_examples
 from ttft.collectors.writer import TraceWriter
 
 Sink = Callable[[pa.Table], None]
@@ -91,16 +91,6 @@ def store_export(chunks: Iterable[ExportTraceServiceRequest], parse_rejected: li
     return response, stored, rejected
 
 
-REJECTED_EXAMPLES = EXAMPLES
-"""Messages of rejected spans kept as examples in the run metadata."""
-
-
-def smallest_examples(groups: Iterable[Iterable[str]]) -> list[str]:
-    """The smallest `REJECTED_EXAMPLES` distinct messages of ``groups``: the same whatever
-    the order the spans came in or the receivers they came to."""
-    return sorted({m for group in groups for m in group})[:REJECTED_EXAMPLES]
-
-
 class ReceiverBookkeeping:
     """The counters, the requests in flight and the stopped flag of a receiver, under one lock.
 
@@ -117,7 +107,7 @@ class ReceiverBookkeeping:
         spans_received: spans accepted and handed to the sink.
         spans_rejected: invalid spans dropped from otherwise good requests.
         rejected_examples: the smallest distinct messages of those (at most
-            `REJECTED_EXAMPLES`), for the run metadata's ``rejected``.
+            `run_counts.EXAMPLES`), for the run metadata's ``rejected``.
         rejected: requests answered with an error status.
         max_inflight_bytes: the budget on bytes in flight.
     """

@@ -18,7 +18,7 @@ The layout, hive-style::
 Every ``part=K/`` directory exists, with a ``spans.parquet`` (empty when the partition owns
 no row). The Parquet files are ttft traces (``collectors/_files.py``: run metadata under
 ``METADATA_KEY``, ``WRITE_OPTIONS``), each written under a temporary name and renamed.
-Partition 0's files alone carry the input's counts (`COUNTED_ONCE`: the importer's
+Partition 0's files alone carry the input's counts (`run_counts.COUNTED`: the importer's
 ``rejected`` and ``estimated`` spans), so sums over partitions equal the whole. The
 ``_ttft_dataset.json`` is written last, the same way, so a dataset whose writing stopped
 half way is never read as one: ``part=K/`` directories without it are refused.
@@ -49,6 +49,7 @@ import pyarrow as pa
 from ttft.collectors._files import fsync, replace_bytes, write_atomic
 from ttft.collectors.errors import TraceFileError
 from ttft.collectors.parquet import read_parquet
+from ttft.collectors.run_counts import COUNTED
 from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION
 
 __all__ = [
@@ -69,7 +70,6 @@ STAGING_DIR = "_incoming"
 
 FORMAT, VERSION = "ttft-dataset", 1
 SPANS_FILE, BORROWED_FILE = "spans.parquet", "borrowed.parquet"
-COUNTED_ONCE = ("rejected", "estimated")  # run metadata counts of the input, in partition 0
 _PART_PREFIX = "part="
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -196,7 +196,7 @@ def write_dataset(
         metadata = json.loads(raw) if raw else {}
     run = {**metadata, "schema_version": SCHEMA_VERSION}
     first = _json_bytes(run)
-    others = _json_bytes({k: v for k, v in run.items() if k not in COUNTED_ONCE})
+    others = _json_bytes({k: v for k, v in run.items() if k not in COUNTED})
     owned = _groups(owner, np.arange(table.num_rows, dtype=np.int64), partitions)
     borrowed = _groups(copy_partitions, copy_rows, partitions)
     info = _json_bytes({"format": FORMAT, "version": VERSION, "partitions": partitions,

@@ -24,10 +24,10 @@ from ttft.collectors._otlp_common import (
     Sink,
     as_sink,
     bearer_ok,
-    smallest_examples,
     store_export,
 )
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
+from ttft.collectors.run_counts import smallest_examples
 from ttft.collectors.writer import TraceWriter
 
 __all__ = ["EXPORT_METHOD", "Collector", "OTLPGrpcReceiver"]

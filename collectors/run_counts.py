@@ -15,6 +15,12 @@ EXAMPLES = 10
 """Examples kept per counted defect: the smallest distinct ones."""
 
 
+def smallest_examples(groups: Iterable[Iterable[Any]]) -> list[str]:
+    """The smallest `EXAMPLES` distinct examples (as text) of ``groups``: the same whatever
+    the order they came in, or the runs and receivers they came from."""
+    return sorted({str(e) for group in groups for e in group})[:EXAMPLES]
+
+
 def counted_sums(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The `COUNTED` defects and `SKIPPED` events of ``runs`` summed (only the keys some run
     has); a count that is not a non-negative integer is left out, as the analysis would
@@ -25,9 +31,9 @@ def counted_sums(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         found = [r[key] for r in runs if isinstance(r.get(key), Mapping)
                  and _is_count(r[key].get("count"))]
         if found:
-            examples = sorted({str(e) for f in found if isinstance(f.get("examples"), list)
-                               for e in f["examples"]})
-            out[key] = {"count": sum(f["count"] for f in found), "examples": examples[:EXAMPLES]}
+            examples = smallest_examples(f["examples"] for f in found
+                                         if isinstance(f.get("examples"), list))
+            out[key] = {"count": sum(f["count"] for f in found), "examples": examples}
     skipped: dict[str, int] = {}
     for r in runs:
         events = r.get(SKIPPED)
