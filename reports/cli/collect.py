@@ -25,14 +25,41 @@ def _trace_path(out: Path) -> Path:
     return out / f"collect-{stamp}-{os.getpid()}.parquet"
 
 
-def _wait(stop: threading.Event, duration_s: float | None) -> None:
-    """Block until ``stop`` is set (a signal) or ``duration_s`` has passed."""
+def _wait(stop: threading.Event, duration_s: float | None, tick: Any = None) -> None:
+    """Block until ``stop`` is set (a signal) or ``duration_s`` has passed, calling ``tick``
+    (if any) each time the loop wakes."""
     deadline_s = None if duration_s is None else time.monotonic() + duration_s
     while not stop.is_set():
         left_s = _POLL_S if deadline_s is None else min(_POLL_S, deadline_s - time.monotonic())
         if left_s <= 0:
             return
         stop.wait(left_s)
+        if tick is not None:
+            tick()
+
+
+class _RejectedRecord:
+    """Keeps the run metadata's ``rejected`` (what analysis counts as ``rejected_span``) up
+    to the receivers' count: the writer's log carries each new count as it changes, so a
+    collector killed before its stop still leaves a run that says what it dropped."""
+
+    def __init__(self, writer: Any, collector: Any) -> None:
+        self._writer, self._collector = writer, collector
+        self._recorded = 0
+
+    def __call__(self, *, final: bool = False) -> None:
+        count = self._collector.spans_rejected
+        if count == self._recorded:
+            return
+        try:
+            self._writer.set_metadata(rejected={"count": count,
+                                                "examples": self._collector.rejected_examples})
+        except OSError:
+            # held in memory all the same: the next try, and the closed file, carry it
+            if final:
+                raise
+            return
+        self._recorded = count
 
 
 def _trap_signals(stop: threading.Event) -> dict[int, Any]:
@@ -85,20 +112,27 @@ def _receive(out: Path, listen: _Listen, duration_s: float | None) -> None:
                 err.print(f"{protocol} listening on {endpoint}", markup=False, soft_wrap=True)
         err.print(f"writing spans to {writer.path} (Ctrl-C to stop)", markup=False,
                   soft_wrap=True)
+        record = _RejectedRecord(writer, collector)
         try:
-            _wait(stop, duration_s)
+            _wait(stop, duration_s, record)
         finally:
             drained = collector.stop()
     finally:
         for number, handler in previous.items():
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
+    problem = None
     try:
-        if collector.spans_rejected:  # analysis counts them (rejected_span), as an import's
-            writer.set_metadata(rejected={"count": collector.spans_rejected,
-                                          "examples": collector.rejected_examples})
+        record(final=True)
+    except OSError as exc:  # the log is failing; closing still writes the merged file
+        problem = exc
+    try:
         writer.close()
     except OSError as exc:
         raise fail(f"{writer.path}: could not finish the trace ({exc})") from None
+    if problem is not None:
+        err.print(f"warning: {writer.path}: the span log could not record the rejected "
+                  f"count ({problem}); the finished trace holds it", markup=False,
+                  soft_wrap=True)
     notes = [] if drained else ["a request was still being served at exit"]
     if writer.dropped_rows:
         notes.append(f"{writer.dropped_rows} rows lost to failed writes")

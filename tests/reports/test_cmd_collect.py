@@ -163,3 +163,34 @@ def test_spans_collect_rejected_are_counted_by_analyze(tmp_path):
     result = runner.invoke(app, ["analyze", str(out), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["quality"]["rejected_span"] == 3
+
+
+def test_a_killed_collect_still_counts_what_it_rejected(tmp_path):
+    """The rejected count reaches the span log while collect runs, not only at its stop:
+    after SIGKILL, the unfinished run it leaves still says what it dropped."""
+    out = tmp_path / "spans"
+    collect = CollectProcess(out, "--duration", "60", "--no-grpc")
+    try:
+        request = one_scope_export(4)
+        for span in request.resource_spans[0].scope_spans[0].spans[:2]:
+            span.trace_id = b""
+        connection = http.client.HTTPConnection("127.0.0.1", collect.http_port, timeout=10)
+        connection.request("POST", "/v1/traces", request.SerializeToString(),
+                           {"Content-Type": "application/x-protobuf"})
+        answer = ExportTraceServiceResponse.FromString(connection.getresponse().read())
+        connection.close()
+        assert answer.partial_success.rejected_spans == 2
+        deadline_s = time.monotonic() + TIMEOUT_S
+        while run_metadata(read_spans(out)).get("rejected", {}).get("count") != 2:
+            assert time.monotonic() < deadline_s, "the live run never recorded its rejects"
+            time.sleep(0.1)
+        collect.process.kill()
+        assert collect.process.wait(timeout=TIMEOUT_S) == -signal.SIGKILL
+    finally:
+        collect.kill()
+    table = read_spans(out)
+    assert table.num_rows == 2
+    assert run_metadata(table)["rejected"]["count"] == 2
+    result = runner.invoke(app, ["analyze", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["quality"]["rejected_span"] == 2
