@@ -3,6 +3,7 @@ request whole (``ttft.collectors.dataset``), for one task per partition."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -78,21 +79,32 @@ def partition(
 def merged_metadata(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The run metadata of the inputs ``(name, metadata)`` of one dataset.
 
-    A key every input gives one value keeps it. A key the inputs disagree on, or that only
-    some give, is kept per input under ``differs`` (``{key: {input: value}}``) and not at
-    the top: one input's device or model standing for all would price every request by
-    it. The defects counted in metadata (``rejected``, ``estimated``) are summed, with the
-    smallest distinct examples; ``skipped_events`` are summed per event; ``query_errors``
-    (what any input could not find) are joined; ``inputs`` names the inputs."""
+    A key every input gives one value (the same JSON) keeps it. A key the inputs disagree
+    on, or that only some give, is kept per input under ``differs`` (``{key: {input:
+    value}}``) and not at the top: one input's device or model standing for all would price
+    every request by it. An input's own ``differs`` (a dataset partitioned again) is carried
+    forward under the names it holds, and its keys are never taken as agreed. Inputs of one
+    name are told apart by a ``#N`` suffix. The defects counted in metadata (``rejected``,
+    ``estimated``) are summed, with the smallest distinct examples; ``skipped_events`` are
+    summed per event; ``query_errors`` (what any input could not find) are joined;
+    ``inputs`` names the inputs."""
+    runs = list(zip(_unique_names([name for name, _ in runs]), (m for _, m in runs),
+                    strict=True))
     merged: dict[str, Any] = {}
     differs: dict[str, dict[str, Any]] = {}
+    for _, meta in runs:
+        earlier = meta.get("differs")
+        for key, per in (earlier.items() if isinstance(earlier, dict) else ()):
+            if isinstance(per, dict):
+                differs.setdefault(key, {}).update(per)
     special = {*COUNTED, SKIPPED, "query_errors", "inputs", "differs"}
     for key in dict.fromkeys(k for _, meta in runs for k in meta if k not in special):
-        values = [meta.get(key, _ABSENT) for _, meta in runs]
-        if all(v == values[0] for v in values):
-            merged[key] = values[0]
+        values = [_canonical(meta[key]) if key in meta else None for _, meta in runs]
+        if key not in differs and all(v is not None and v == values[0] for v in values):
+            merged[key] = runs[0][1][key]
         else:
-            differs[key] = {name: meta[key] for name, meta in runs if key in meta}
+            differs.setdefault(key, {}).update(
+                {name: meta[key] for name, meta in runs if key in meta})
     merged.update(counted_sums(meta for _, meta in runs))
     missing = [e for _, meta in runs if isinstance(meta.get("query_errors"), list)
                for e in meta["query_errors"]]
@@ -104,7 +116,19 @@ def merged_metadata(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     return merged
 
 
-_ABSENT = object()
+def _canonical(value: Any) -> str:
+    """A value as the JSON it is stored as, so agreement is JSON's: ``NaN`` agrees with
+    itself, ``true`` is not ``1``, key order does not count."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return out
 
 
 def describe_written(written: Written) -> str:

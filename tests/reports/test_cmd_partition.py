@@ -154,3 +154,34 @@ def test_every_input_s_metadata_counts_and_none_stands_for_all(tmp_path):
         [f"in0: span {k}" for k in range(3)] + [f"in1: span {k}" for k in range(2)])}
     assert meta["skipped_events"] == {"tool_call": 3}
     assert _analyze_json(out)["quality"]["rejected_span"] == 5
+    # Partitioned again with a third input: the devices already told apart stay so
+    # (before: the first dataset's `differs` was dropped with its per-input devices).
+    third = tmp_path / "in2.parquet"
+    write_trace(third, generate(20, seed=2).table,
+                {"engine": {"name": "synthetic"}, "device": {"name": "H200"}})
+    again = tmp_path / "ds2"
+    result = runner.invoke(app, ["partition", str(out), str(third), "-o", str(again),
+                                 "--partitions", "3"])
+    assert result.exit_code == 0, result.output
+    meta = run_metadata(read_spans(again))
+    assert meta["engine"] == {"name": "synthetic"} and "device" not in meta
+    assert meta["differs"]["device"] == {str(paths[0]): {"name": "H100"},
+                                         str(paths[1]): {"name": "H200"},
+                                         str(third): {"name": "H200"}}
+    assert meta["rejected"]["count"] == 5
+    assert _analyze_json(again)["quality"]["rejected_span"] == 5
+
+
+def test_agreement_is_json_s():
+    """Inputs agree where their values are the same JSON: NaN agrees with itself, ``true``
+    is not ``1``, and two inputs of one name are both kept."""
+    from ttft.reports.cli.partition import merged_metadata
+
+    nan = float("nan")
+    merged = merged_metadata([("a", {"x": nan, "flag": True, "d": {"p": 1, "q": 2}}),
+                              ("a", {"x": nan, "flag": 1, "d": {"q": 2, "p": 1}})])
+    assert merged["d"] == {"p": 1, "q": 2} and "x" in merged and "flag" not in merged
+    assert merged["differs"] == {"flag": {"a": True, "a#2": 1}}
+    assert merged["inputs"] == ["a", "a#2"]
+    alone = merged_metadata([("only", {"x": nan})])
+    assert "differs" not in alone and "x" in alone
