@@ -135,4 +135,5 @@ def _pair(server_clock: str, worker_clock: str, lo: np.ndarray, hi: np.ndarray) 
         guess, spread = low, 0
     else:
         guess, spread = (low + high) // 2, high - low
-    return settled(server_clock, worker_clock, lo, hi, guess, spread, misfits=outer, agreed=True)
+    return settled(server_clock, worker_clock, lo, hi, guess, spread, misfits=outer, agreed=True,
+                   bounded=high != UNBOUNDED)

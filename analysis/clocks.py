@@ -86,6 +86,8 @@ class ClockOffset:
         violations_before: requests whose server interval does not fit inside the client
             interval at offset 0.
         violations_after: the same at ``offset_ns``.
+        bounded: False for a worker pair whose range has no end bound (no request's
+            first byte bounds it): its spread is then 0 without being exact.
     """
 
     client_clock: str
@@ -96,6 +98,7 @@ class ClockOffset:
     requests: int
     violations_before: int
     violations_after: int
+    bounded: bool = True
 
     @property
     def applied(self) -> bool:
@@ -216,7 +219,7 @@ def _pair(server_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
 
 
 def settled(reference: str, clock: str, lo: np.ndarray, hi: np.ndarray, guess: int,
-            spread: int, *, misfits: int, agreed: bool) -> ClockOffset:
+            spread: int, *, misfits: int, agreed: bool, bounded: bool = True) -> ClockOffset:
     """The pair's `ClockOffset` at the estimate ``guess``: applied when at least
     `MIN_REQUESTS` requests took part, more than ``misfits`` do not fit at offset 0
     (``lo > 0`` or ``hi < 0``), fewer do at ``guess``, the requests ``agreed`` on it, and a
@@ -235,6 +238,7 @@ def settled(reference: str, clock: str, lo: np.ndarray, hi: np.ndarray, guess: i
         requests=n,
         violations_before=before,
         violations_after=at_guess if applied else before,
+        bounded=bounded,
     )
 
 

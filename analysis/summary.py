@@ -332,6 +332,7 @@ def clock_list(attr: Attribution) -> list[dict[str, Any]]:
             "requests": c.requests,
             "violations_before": c.violations_before,
             "violations_after": c.violations_after,
+            "bounded": c.bounded,
         }
         for c in attr.quality.clocks
     ]

@@ -72,9 +72,12 @@ def spread_words(c: dict[str, Any]) -> str:
     """What a pair's ``spread_ms`` (``analysis.summary.clock_list``) measures, in words: a
     server pair's is the interquartile range of its requests' estimates; a worker pair's
     the width of the offsets its requests all fit (but the outer few), negative when none
-    fits them all, which is said as such instead of as a negative spread."""
+    fits them all, which is said as such instead of as a negative spread, and 0 when no
+    request bounds it above, which is said as such instead of as an exact offset."""
     if c["client_clock"] == CLIENT_CLOCK:
         return f"spread {c['spread_ms']:,.3f} ms"
+    if not c.get("bounded", True):
+        return "range open above (no request's first byte bounds it)"
     if c["spread_ms"] < 0:
         return f"no offset fits every request (bounds cross by {-c['spread_ms']:,.3f} ms)"
     return f"range {c['spread_ms']:,.3f} ms wide"

@@ -109,6 +109,7 @@ def test_summary_and_terminal_report_the_offset(synth):
             "requests": N,
             "violations_before": N,
             "violations_after": 0,
+            "bounded": True,
         }
     ]
     assert f"clocks: {HOST_CLOCK} → client offset +250.000 ms" in rendered(summary)

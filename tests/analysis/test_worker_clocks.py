@@ -217,3 +217,13 @@ def test_a_worker_pair_says_what_its_spread_is():
     assert c["spread_ms"] < 0
     assert f"no offset fits every request (bounds cross by {-c['spread_ms']:,.3f} ms)" in line
     assert "spread -" not in line
+    assert c["bounded"]
+
+    # No first byte anywhere: nothing bounds the range above, and its spread of 0 is said
+    # as an open range, not as an exact one (before: "range 0.000 ms wide").
+    behind = moved(disagg(), -20 * MS, (WORKER,))
+    behind = behind.filter(pc.invert(pc.equal(behind.column("name"), "first_byte")))
+    c, line = _clock_line(behind)
+    assert c["applied"] and not c["bounded"] and c["spread_ms"] == 0
+    assert "range open above (no request's first byte bounds it)" in line
+    assert "0.000 ms wide" not in line
