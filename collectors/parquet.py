@@ -250,20 +250,29 @@ def iter_batches(path: str | os.PathLike[str], *, batch_rows: int = 65_536
 
 
 def read_parquet_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The run metadata of a trace: the file's footer, or a directory's last part.
+    """The run metadata of a trace without reading its rows: the file's footer; for a
+    directory, what :func:`read_parquet` gives (the newest run's, with the defects every
+    run counted summed).
 
     Raises:
         TraceFileError: as :func:`read_parquet`, for the file whose footer is read.
     """
-    run = trace_runs(path)[-1]
+    runs = [_run_metadata(run) for run in trace_runs(path)]
+    raw = _newest_with_counts(runs) if len(runs) > 1 else runs[-1]
+    metadata: dict[str, Any] = json.loads(raw)
+    return metadata
+
+
+def _run_metadata(run: Run) -> bytes:
+    """One run's raw metadata as `read_parquet` takes it: its last log segment's, else its
+    last part's."""
     if run.logs:
         try:
-            return read_log(run.logs[-1]).metadata
+            return json.dumps(read_log(run.logs[-1]).metadata, sort_keys=True).encode()
         except LogError as exc:
             raise TraceFileError(run.logs[-1], str(exc)) from None
     if not run.parts:
-        return {"schema_version": SCHEMA_VERSION}
+        return json.dumps({"schema_version": SCHEMA_VERSION}).encode()
     source, raw = _open_checked(run.parts[-1])
     source.close()
-    metadata: dict[str, Any] = json.loads(raw)
-    return metadata
+    return raw

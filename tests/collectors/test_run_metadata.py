@@ -8,6 +8,7 @@ import json
 from typer.testing import CliRunner
 
 from ttft.collectors import read_spans, run_metadata, write_trace
+from ttft.collectors.parquet import read_parquet_metadata
 from ttft.collectors.run_counts import EXAMPLES, counted_sums
 from ttft.collectors.synthetic import generate
 from ttft.reports.cli import app
@@ -30,6 +31,8 @@ def test_a_directory_of_runs_counts_every_run_s_rejected_spans(tmp_path):
     assert meta["rejected"]["examples"] == sorted(
         [f"run 0: span {k}" for k in range(4)] + [f"run 1: span {k}" for k in range(3)])
     assert meta["skipped_events"] == {"tool_call": 7}
+    # the footers alone give the same answer as reading the rows (before: the last run's)
+    assert read_parquet_metadata(tmp_path) == meta
     result = CliRunner().invoke(app, ["analyze", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["quality"]["rejected_span"] == 7
