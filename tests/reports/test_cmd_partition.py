@@ -185,3 +185,39 @@ def test_agreement_is_json_s():
     assert merged["inputs"] == ["a", "a#2"]
     alone = merged_metadata([("only", {"x": nan})])
     assert "differs" not in alone and "x" in alone
+
+
+def test_collect_into_a_dataset_sums_the_dataset_s_and_each_staged_run_s_counts(tmp_path):
+    """What ``ttft collect --partitions`` does at its stop (``finish_staging``): the
+    dataset's counted defects and those of every run staged into it are summed, the
+    newest run's other metadata kept."""
+    from ttft.collectors import write_trace
+    from ttft.collectors.staging import holding, recover, staging_path
+    from ttft.collectors.synthetic import generate
+    from ttft.reports.runs.partitioned import finish_staging
+
+    first = tmp_path / "in.parquet"
+    rows = 0
+    write_trace(first, generate(20, seed=0).table,
+                {"workload": {"run": 0}, "rejected": {"count": 3, "examples": ["a", "b"]}})
+    ds = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", str(first), "-o", str(ds), "--partitions", "2"])
+    assert result.exit_code == 0, result.output
+    staging = staging_path(ds)
+    staging.mkdir()
+    for i, count in ((1, 2), (2, 0)):
+        meta = {"workload": {"run": i}}
+        if count:
+            meta["rejected"] = {"count": count, "examples": ["c"]}
+        table = generate(10, seed=i).table
+        rows += table.num_rows
+        write_trace(staging / f"collect-{i}.parquet", table, meta)
+    rows += read_spans(first).num_rows
+    with holding(ds):
+        recover(ds)
+        written = finish_staging(ds, 2)
+    assert written is not None and written.spans == rows
+    meta = run_metadata(read_spans(ds))
+    assert meta["workload"] == {"run": 2}
+    assert meta["rejected"] == {"count": 5, "examples": ["a", "b", "c"]}
+    assert _analyze_json(ds)["quality"]["rejected_span"] == 5
