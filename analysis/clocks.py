@@ -86,8 +86,7 @@ class ClockOffset:
         violations_before: requests whose server interval does not fit inside the client
             interval at offset 0.
         violations_after: the same at ``offset_ns``.
-        bounded: False for a worker pair whose range has no end bound (no request's
-            first byte bounds it): its spread is then 0 without being exact.
+        bounded: False for a worker pair whose range no first byte bounds (spread 0, not exact).
     """
 
     client_clock: str
@@ -132,11 +131,8 @@ def row_kinds(
     kind[is_client_span & is_client] = K_CLIENT
     kind[is_server_span & ~is_client] = K_SERVER
     kind[is_prefill_span & ~is_client] = K_PREFILL
-    lut = np.zeros(len(ev_values) + 1, np.int8)
-    for i, value in enumerate(ev_values):
-        lut[i] = {"sent": K_SENT, EV_FIRST_TOKEN: K_FIRST_TOKEN, EV_FIRST_BYTE: K_FIRST_BYTE}.get(
-            value, K_NONE
-        )
+    names = {"sent": K_SENT, EV_FIRST_TOKEN: K_FIRST_TOKEN, EV_FIRST_BYTE: K_FIRST_BYTE}
+    lut = np.array([names.get(v, K_NONE) for v in ev_values] + [K_NONE], np.int8)
     ev_kind = lut[ev_name]
     side = is_client[ev_rows]
     ok = np.where(ev_kind == K_FIRST_BYTE, ~side, side)  # each event on its own side
