@@ -31,7 +31,9 @@ MODEL = "tiny"
 KEY = "sekret"
 TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
-HEALTH_P99_S = 0.050
+HEALTH_P99_S = 0.250
+"""The floor of the /health p99 bound: the stalls it guards against were 5-55 s, and a
+shared 2-core machine answered a probe in 56 ms while other work ran."""
 NEIGHBOURS = 10
 
 
@@ -257,7 +259,7 @@ def test_health_answers_while_a_hostile_request_runs(live, name):
         f"/health during {name}: {n} probes, p99 {p99_s * 1e3:.1f} ms, max {worst_s * 1e3:.1f} ms"
         f" (idle p99 {idle.p99_s() * 1e3:.1f} ms)"
     )
-    # 50 ms on a quiet machine; a busy one slows every answer, so the bound scales with
+    # 250 ms at least; a busy machine slows every answer, so the bound also scales with
     # the same server's idle p99 measured just before (the stalls this guards were 5-55 s)
     assert n >= 20 and p99_s < max(HEALTH_P99_S, 5 * idle.p99_s())
 
