@@ -155,6 +155,47 @@ def test_apply_is_a_no_op_on_a_ttft_native_table():
     assert StageMapping().apply(native) is native
 
 
+def _chunked(t, cuts):
+    """``t`` in chunks at ``cuts``, each chunk's ``stage`` and ``service`` a dictionary of its
+    own (in its own order, a value repeated, a value no row uses), as files read in
+    batches give."""
+    pieces = []
+    for lo, hi in zip([0, *cuts], [*cuts, t.num_rows], strict=True):
+        part = t.slice(lo, hi - lo)
+        for name in ("stage", "service"):
+            values = part.column(name).cast(pa.string()).to_pylist()
+            vocab = ["unused", *sorted(set(values), reverse=hi % 2 == 0)]
+            vocab.insert(1, vocab[-1])  # the same value twice in one dictionary
+            codes = pa.array([len(vocab) - 1 - vocab[::-1].index(v) for v in values], pa.int32())
+            column = pa.DictionaryArray.from_arrays(codes, pa.array(vocab, pa.string()))
+            part = part.set_column(part.schema.get_field_index(name), part.schema.field(name),
+                                   column)
+        pieces.append(part)
+    return pa.concat_tables(pieces)
+
+
+def test_rules_see_each_row_s_value_whatever_its_chunk_s_dictionary():
+    mapping = StageMapping((Rule("queue", "waiting"), Rule("prefill", "fwd", service="eng")))
+    rows = [row(1, 1, "waiting", 0, 5, service="eng"), row(1, 2, "fwd", 5, 9, service="eng"),
+            row(2, 3, "fwd", 0, 4, service="router"), row(2, 4, "waiting", 4, 6),
+            row(3, 5, "fwd", 1, 2, service="eng"), row(3, 6, "done", 2, 2)]
+    expected = stages(mapping.apply(table(rows)))
+    assert expected == [("waiting", "queue"), ("fwd", "prefill"), ("fwd", "other"),
+                        ("waiting", "queue"), ("fwd", "prefill"), ("done", "event")]
+    for cuts in ([2], [1, 4], [3, 5]):
+        assert stages(mapping.apply(_chunked(table(rows), cuts))) == expected
+
+
+def test_a_request_id_attribute_in_any_chunk_fills_its_row():
+    rows = [row(1, 1, "waiting", 0, 5), row(2, 2, "waiting", 0, 5),
+            row(3, 3, "waiting", 0, 5, **{"gen_ai.request.id": "r-3"})]
+    for cuts in ([1], [2], [1, 2]):
+        out = default_mapping().apply(_chunked(table(rows), cuts))
+        assert out.column("request_id").to_pylist() == [None, None, "r-3"]
+    assert default_mapping().apply(table(rows[:2])).column("request_id").to_pylist() == [
+        None, None]
+
+
 def test_default_table_names_its_sources():
     rules = default_mapping().rules
     assert {r.source for r in rules} == {"vllm", "sglang", "tgi"}
