@@ -97,8 +97,8 @@ class Apply:
         self._attrs: dict[int, dict[str, Any]] = {}
         self._trace: np.ndarray | None = None
         self.derived: list[dict[str, Any]] = []
-        self.start = table.column("start_ns").to_numpy().astype(np.int64)
-        self.end = table.column("end_ns").to_numpy().astype(np.int64)
+        self.start = np.asarray(table.column("start_ns").to_numpy(), np.int64)
+        self.end = np.asarray(table.column("end_ns").to_numpy(), np.int64)
 
     def attributes(self, row: int) -> dict[str, Any]:
         if row not in self._attrs:
@@ -153,6 +153,10 @@ class Apply:
             return assigned
         name, name_values = _codes(self.table.column("name"))
         service, service_values = _codes(self.table.column("service"))
+        # One pattern check per distinct (service, name); code -1 (null) reads as "".
+        services, names = [*service_values, ""], [*name_values, ""]
+        if not any(rule.fits_any(services, names) for rule in self.rules):
+            return assigned  # no rule fits any row (a ttft trace): no per-row work
         code_of = {v: i for i, v in enumerate(stage_values)}
         is_other = stage == code_of.get("other", -2)
         is_event = stage == code_of.get("event", -2)
@@ -164,8 +168,6 @@ class Apply:
         cand = np.flatnonzero(is_other | from_name | (is_event & point))
         if not len(cand):
             return assigned
-        # One pattern check per distinct (service, name); code -1 (null) reads as "".
-        services, names = [*service_values, ""], [*name_values, ""]
         base = len(names)
         key = (service[cand] % len(services)) * base + name[cand] % base
         pairs, inv = _dense_unique(key, len(services) * base)

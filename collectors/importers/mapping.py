@@ -111,8 +111,16 @@ class Rule:
 
     def matches_pair(self, service: str, name: str) -> bool:
         """Whether ``(service, name)`` fits the rule's name and service patterns."""
-        name_ok = _match(name, self.name) if _GLOB & set(self.name) else name == self.name
-        return name_ok and _match(service, self.service)
+        return self.matches_name(name) and _match(service, self.service)
+
+    def matches_name(self, name: str) -> bool:
+        """Whether ``name`` fits the rule's name pattern."""
+        return _match(name, self.name) if _GLOB & set(self.name) else name == self.name
+
+    def fits_any(self, services: list[str], names: list[str]) -> bool:
+        """Whether some pair of ``services`` and ``names`` fits the rule's patterns."""
+        return (any(self.matches_name(n) for n in names)
+                and any(_match(s, self.service) for s in services))
 
     def matches_attributes(self, attributes: dict[str, Any]) -> bool:
         """Whether the attribute condition holds (always, without one)."""
