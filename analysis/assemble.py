@@ -250,7 +250,9 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     # Span ids are unique per trace: a span is its (trace, id), and a gpu copy, which keeps
     # its engine trace, finds its parent (its chunk) in the chunk's trace.
     span_trace = spans.trace
-    parent_trace = trace[np.concatenate([span_rows, chunk_rows])[order]]
+    parent_trace = span_trace.copy()  # a span's own trace, but a gpu copy's is its chunk's
+    copies = np.flatnonzero(is_copy)
+    parent_trace[copies] = trace[chunk_rows[order[copies] - n_plain]]
     windows = resolve_trees(spans, has_sid, (p_hi, p_lo, parent_trace), has_parent, n_req,
                             span_trace, trace_values)
     _add_tree_examples(quality, windows, trace_values, first_trace)
