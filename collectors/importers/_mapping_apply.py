@@ -206,10 +206,10 @@ class Apply:
         when no row changes."""
         rid = self.table.column("request_id")
         attrs = self.table.column("attributes")
-        if not _mentions(attrs, f'"{REQUEST_ID_ATTRIBUTE}"'.encode()):
+        key = f'"{REQUEST_ID_ATTRIBUTE}"'
+        if not _mentions(attrs, key.encode()):
             return None
-        maybe = pc.and_(pc.is_null(rid), pc.fill_null(
-            pc.match_substring(attrs, f'"{REQUEST_ID_ATTRIBUTE}"'), False))
+        maybe = pc.and_(pc.is_null(rid), pc.fill_null(pc.match_substring(attrs, key), False))
         rows = np.flatnonzero(np.asarray(maybe, dtype=bool))
         found = {}
         for row in rows.tolist():
