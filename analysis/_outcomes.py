@@ -1,4 +1,4 @@
-"""Each request's outcome, from its client span (DESIGN.md, "TTFT windows"; private to
+"""Each request's outcome, from its client span (docs/design.md, "TTFT windows"; private to
 ``analysis``).
 
 The load generator writes ``outcome`` (one of ``tracer.schema.OUTCOMES``), ``status_code``

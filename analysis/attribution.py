@@ -1,7 +1,7 @@
 """Split each request's TTFT window into stage parts that sum exactly to the window.
 
 Pure functions over an :class:`~ttft.analysis.assemble.Assembly` (no I/O). The three
-policies of DESIGN.md, with the details fixed in docs/attribution.md:
+policies of docs/design.md, with the details fixed in docs/attribution.md:
 
 * ``exclusive``: every elementary segment goes to the active span with the largest key
   ``(priority, depth, start, span_id)``;

@@ -1,4 +1,4 @@
-"""Blame: what the engine was executing while a request waited (DESIGN.md, "Attribution").
+"""Blame: what the engine was executing while a request waited (docs/design.md, "Attribution").
 
 A request is a request of the assembly (``analysis.assemble``: traces sharing a
 ``request_id`` are one request). Its waits are its ``queue`` spans (waiting for admission),

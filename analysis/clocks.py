@@ -1,6 +1,6 @@
 """Client/server clock offsets by the midpoint rule, and moving server spans onto the client clock.
 
-DESIGN.md ("Clocks"): one offset per (client clock, server clock) pair, estimated over all
+docs/design.md ("Clocks"): one offset per (client clock, server clock) pair, estimated over all
 requests with the midpoint rule of Jaeger's clock-skew adjuster, applied to every span of
 that server clock and reported. The rule, exactly (docs/attribution.md, "Clocks"):
 
@@ -31,7 +31,7 @@ worker's) moves with its server clock, then by an offset of its own onto it
 (``analysis._worker_clocks``).
 
 A ``gpu:<index>`` clock is mapped to the host clock of the process that recorded it
-(DESIGN.md), so it moves with that host clock: the one host clock (neither ``client`` nor
+(docs/design.md), so it moves with that host clock: the one host clock (neither ``client`` nor
 ``gpu:*``) among the rows of the same trace and service (the engine trace of its step and
 forward), else the one host clock of that service in the table; otherwise it stays.
 

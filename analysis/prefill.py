@@ -3,7 +3,7 @@
 The time is the request's ``prefill.chunk`` spans summed, not its ``prefill`` envelope,
 which also holds the steps of other requests between its chunks. The tokens are its
 chunks' ``chunk_tokens`` summed (prompt minus cached). Attention does quadratic pairwise
-work and the projections linear work (DESIGN.md), so the fit is ``a + b·n + c·n²`` by least
+work and the projections linear work (docs/design.md), so the fit is ``a + b·n + c·n²`` by least
 squares, with R², separately per condition (``cold``, ``prefix_hit``).
 """
 

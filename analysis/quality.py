@@ -1,6 +1,6 @@
 """Data-quality defects: counted with a few examples each, never fatal.
 
-DESIGN.md names the defects; analysis drops or repairs what it must (a span ending before
+docs/design.md names the defects; analysis drops or repairs what it must (a span ending before
 it starts, a duplicate span id) and goes on with the rest, so valid data around a defect
 is never lost. The counts travel with every analysis result and are printed beside it.
 """
@@ -32,7 +32,7 @@ DEFECTS: tuple[str, ...] = (
     "reused_step_id",
 )
 """Every defect analysis counts; ``missing_field`` (a row without trace id or times, or
-with a time outside ``analysis.clocks.TIME_LIMIT_NS``) is ttft's addition to DESIGN.md's
+with a time outside ``analysis.clocks.TIME_LIMIT_NS``) is ttft's addition to docs/design.md's
 list, and so is ``rejected_span`` (a span the importer could not turn into a row, counted
 in the table's run metadata under ``rejected``: ``{"count": n, "examples": [...]}``), and
 ``estimated_span`` (a span whose interval the source estimated rather than measured, such as

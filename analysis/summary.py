@@ -1,6 +1,6 @@
 """Summaries of an attribution: per stage, per condition, inter-token latency, the tail.
 
-Pure functions (no I/O, no printing). Definitions from DESIGN.md: percentiles are numpy's
+Pure functions (no I/O, no printing). Definitions from docs/design.md: percentiles are numpy's
 linear ones over all requests of the trace, zeros included; ``share`` is a stage's
 attributed time summed over requests divided by TTFT summed over requests;
 ``overlap = raw - attributed``. Times are reported in milliseconds.

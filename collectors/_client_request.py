@@ -1,6 +1,6 @@
 """One request of the load generator: the sink its connection reports the response to, the
 SSE parsing that finds the client events, and the request's span rows when it ends
-(DESIGN.md, stages ``client`` and ``connect``, the client events)."""
+(docs/design.md, stages ``client`` and ``connect``, the client events)."""
 
 from __future__ import annotations
 

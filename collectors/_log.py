@@ -1,5 +1,5 @@
 """A trace writer's span log: the rows appended since its last part, on disk before they are
-acknowledged (DESIGN.md, "The span record"; README, "Reliability and security").
+acknowledged (docs/design.md, "The span record"; README, "Reliability and security").
 
 A log segment ``log-NNNNN.spans`` lives in a writer's parts directory and holds exactly the
 rows that part ``part-NNNNN.parquet`` will hold once written; a segment whose part exists is

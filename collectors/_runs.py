@@ -1,7 +1,7 @@
 """Which runs a path holds: a finished trace file, a writer's parts directory (its parts and
 the log segments no part covers yet), or a directory of runs such as ``ttft collect --out``
 fills: one file per finished run and one ``<file>.parts/`` per run still being written or
-killed (DESIGN.md, "The span record")."""
+killed (docs/design.md, "The span record")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Partitioned trace datasets: one trace split into partitions that each keep their
-requests whole, so one task can analyse one partition (issue 17, DESIGN.md "The span
+requests whole, so one task can analyse one partition (issue 17, docs/design.md "The span
 record").
 
 The layout, hive-style::

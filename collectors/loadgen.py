@@ -1,5 +1,5 @@
 """The load generator: sends a workload to any OpenAI-compatible streaming server and records
-the client's view of every request as span rows (DESIGN.md, stages ``client`` and
+the client's view of every request as span rows (docs/design.md, stages ``client`` and
 ``connect``, the client events, the ``client`` TTFT window).
 
 It speaks plain HTTP/1.1 through its own small keep-alive client (``_sender``: each request

@@ -2,7 +2,7 @@
 
 Any OpenTelemetry SDK or collector can export to it (``POST /v1/traces``, protobuf or
 OTLP/JSON, optionally gzip); every span becomes rows of ``SPAN_SCHEMA`` under the same
-conventions as :mod:`ttft.collectors.otel_exporter` (DESIGN.md, "The span record"), by
+conventions as :mod:`ttft.collectors.otel_exporter` (docs/design.md, "The span record"), by
 :mod:`ttft.collectors.otlp_rows` (whose ``request_to_rows`` is re-exported here).
 """
 

@@ -2,7 +2,7 @@
 
 The OTLP/HTTP and OTLP/gRPC receivers, ``ttft join`` and the OTLP file importers all read
 an ``ExportTraceServiceRequest`` (wire-identical to ``TracesData``) with these functions, so
-a span becomes the same rows whichever way it arrived (DESIGN.md, "The span record").
+a span becomes the same rows whichever way it arrived (docs/design.md, "The span record").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Reading ttft's own Parquet traces, checking what is read: the footer's run metadata and
-schema version, the columns, every batch's data (DESIGN.md, "The span record").
+schema version, the columns, every batch's data (docs/design.md, "The span record").
 
 This is the ``ttft`` format's implementation; commands and library code read every format,
 this one included, through :func:`ttft.collectors.read_spans`.

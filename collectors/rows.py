@@ -5,7 +5,7 @@ importers), the load generator and the prefill profile turn each of their spans 
 with :func:`span_rows`; the synthetic trace generator, which lays out columns with numpy,
 derives its event span ids with :func:`event_span_ids` (the same rule, vectorized) and
 writes its attributes as :func:`attributes_json` would. So one span becomes the same rows
-whichever producer made it (DESIGN.md, "The span record").
+whichever producer made it (docs/design.md, "The span record").
 
 The rules:
 

@@ -1,5 +1,5 @@
 """Writing traces: a whole table at once, or a crash-safe writer that flushes Parquet part
-files as spans arrive (DESIGN.md, "The span record")."""
+files as spans arrive (docs/design.md, "The span record")."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ class Engine:
         self.device_info: dict[str, Any] | None = None
 
     def run_metadata(self) -> dict[str, Any]:
-        """What a trace file should record about this engine (DESIGN.md: run metadata),
+        """What a trace file should record about this engine (docs/design.md: run metadata),
         under ``engine``: ``ttft.engine.peaks.engine_metadata``."""
         return {"engine": engine_metadata(self.model, self.config)}
 

@@ -1,4 +1,4 @@
-"""The spans the engine records (DESIGN.md, "Stages"), all on the host clock.
+"""The spans the engine records (docs/design.md, "Stages"), all on the host clock.
 
 Per request: ``tokenize``, and ``deliver`` and ``detokenize`` of the first token
 (``ttft.engine.stream``), on the asyncio side; ``queue``, ``schedule``, ``batch_wait``,

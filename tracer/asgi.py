@@ -1,7 +1,7 @@
 """ASGI middleware recording the server side of a request: ``server``, ``stream``, ``first_byte``.
 
 ``TTFTMiddleware`` is pure ASGI (no framework import), so it wraps any ASGI application
-(Starlette, FastAPI, a bare callable). For each HTTP request it records (DESIGN.md,
+(Starlette, FastAPI, a bare callable). For each HTTP request it records (docs/design.md,
 "Stages"):
 
 - ``server``: request received → response end (the last body chunk handed to the
@@ -179,7 +179,7 @@ class _Exchange:
             end_ns = clock_ns()
             self._annotate(response_end_ns=end_ns)
             if not self.closed:
-                self.server.end_at(end_ns)  # DESIGN: the server span ends at response end
+                self.server.end_at(end_ns)  # docs/design.md: the server span ends at response end
 
     def _on_start(self, message: Message) -> None:
         self.status = int(message["status"])

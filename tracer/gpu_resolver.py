@@ -2,7 +2,7 @@
 
 A ``gpu`` span (``timing="device"``, clock ``gpu:<index>``) is the device time between two
 CUDA events recorded on the current stream around a forward, mapped to the host clock
-through an anchor event (DESIGN.md, "Clocks"); it never starts before the host enqueued its
+through an anchor event (docs/design.md, "Clocks"); it never starts before the host enqueued its
 start event.
 
 Threading: the traced thread only records events and appends the pair to a queue; the

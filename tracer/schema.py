@@ -1,7 +1,7 @@
 """The span record, the stage vocabulary, event names and TTFT boundaries.
 
 This module is the one place every other module takes these definitions from
-(DESIGN.md, "The span record", "Stages", "TTFT windows"). It imports nothing of ttft and
+(docs/design.md, "The span record", "Stages", "TTFT windows"). It imports nothing of ttft and
 no torch, so every tool that only reads traces stays light.
 """
 
@@ -39,7 +39,7 @@ SPAN_SCHEMA: Final[pa.Schema] = pa.schema(
         pa.field("attributes", pa.string()),
     ]
 )
-"""One row per span or point event; see DESIGN.md for the meaning of each column."""
+"""One row per span or point event; see docs/design.md for the meaning of each column."""
 
 COLUMNS: Final[tuple[str, ...]] = tuple(SPAN_SCHEMA.names)
 
@@ -89,7 +89,7 @@ STAGES: Final[tuple[Stage, ...]] = (
     Stage("other", "any", 4, "a span whose stage is not known"),
     Stage("event", "any", None, "a point event (start_ns == end_ns)"),
 )
-"""The stage vocabulary of DESIGN.md, in the order a request meets them; priorities encode
+"""The stage vocabulary of docs/design.md, in the order a request meets them; priorities encode
 the exclusive order ``gpu > forward > prefill.chunk > kv_transfer > sample > detokenize =
 tokenize > holdback > deliver > stream > schedule > batch_wait > queue > prefill > other >
 server > connect > client`` (docs/attribution.md, "Stages and their order")."""
@@ -156,7 +156,7 @@ CLIENT_CLOCK: Final = "client"
 
 CONDITIONS: Final[tuple[str, ...]] = ("cold", "prefix_hit")
 
-# Request outcomes (DESIGN.md, "TTFT windows"): the client span's ``outcome`` attribute.
+# Request outcomes (docs/design.md, "TTFT windows"): the client span's ``outcome`` attribute.
 OUTCOME_OK: Final = "ok"
 OUTCOMES: Final[tuple[str, ...]] = (
     OUTCOME_OK,
@@ -178,7 +178,7 @@ ATTR_ERROR: Final = "error"
 
 @dataclass(frozen=True)
 class Boundary:
-    """Where a TTFT window starts and ends (DESIGN.md, "TTFT windows")."""
+    """Where a TTFT window starts and ends (docs/design.md, "TTFT windows")."""
 
     name: str
     start: str

@@ -348,7 +348,7 @@ def test_row_order_changes_nothing(seed, policy, boundary):
     assert np.array_equal(first.attributed.to_numpy()[key], second.attributed.to_numpy()[key2])
 
 
-# --- DESIGN.md's invariants, directly on the vectorized path ------------------------------
+# --- docs/design.md's invariants, directly on the vectorized path ------------------------------
 
 
 def parts_by_trace(rows: list[dict], boundary: str, policy: str) -> dict[str, dict[str, int]]:

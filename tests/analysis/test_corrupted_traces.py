@@ -323,7 +323,7 @@ def _span_key(r: dict) -> tuple:
 
 
 def _windows(spans: list[dict], events: list[dict]) -> dict[str, bool]:
-    """Which boundaries a request has a window at (DESIGN.md, "TTFT windows")."""
+    """Which boundaries a request has a window at (docs/design.md, "TTFT windows")."""
 
     def earliest(stage: str) -> dict | None:
         mine = [r for r in spans if _stage(r["stage"]) == stage]

@@ -1,4 +1,5 @@
-"""The plain per-request sweep against hand-computed attributions and the DESIGN.md invariants."""
+"""The plain per-request sweep against hand-computed attributions and docs/design.md's
+invariants."""
 
 from __future__ import annotations
 

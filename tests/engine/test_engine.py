@@ -1,6 +1,6 @@
 """The continuous-batching engine on the tiny model: batched, chunked greedy output equals
 plain greedy decoding; chunks of a long prompt share steps with another request's decode;
-the request-level and engine-level spans land where DESIGN.md says; prefix hits,
+the request-level and engine-level spans land where docs/design.md says; prefix hits,
 cancellation, a full queue, stopping and injected delays behave as documented; and one
 request's numerical failure (its sampling row) fails that request alone."""
 
