@@ -210,7 +210,7 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
         _LAYOUT,
         title=_title(
             f"The {w.label} request: TTFT {w.ttft_ms:,.2f} ms ({cond})",
-            f"trace {w.trace_id[:12]}…",
+            w.tag,
         ),
         xaxis_title=f"ms from the start of the {boundary} window (shaded)",
         yaxis=dict(categoryorder="array", categoryarray=order[::-1], title="worker · lane"),

@@ -60,6 +60,14 @@ class Waterfall:
     events: list[tuple[str, str, float]]
     parts_ms: dict[str, float]
     event_lanes: list[str]
+    request_id: str | None = None
+
+    @property
+    def tag(self) -> str:
+        """What tells this request apart from the others: its request id, else the right-most
+        hex digits of its trace id (the random part under W3C trace context; a trace's
+        left-most digits may be shared by every request of a run)."""
+        return self.request_id or f"trace …{self.trace_id[-12:]}"
 
 
 @dataclass
@@ -329,6 +337,7 @@ def waterfall(label: str, req: pd.Series, parts: pd.Series, frame: pd.DataFrame)
     return Waterfall(
         label, str(req["trace_id"]), condition, ttft_ms, (0.0, ttft_ms), drawn, events, parts_ms,
         event_lanes(np.asarray([e[3] for e in placed], dtype=object), labels),
+        req["request_id"] if isinstance(req.get("request_id"), str) else None,
     )
 
 

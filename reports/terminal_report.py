@@ -169,7 +169,7 @@ def _waterfalls(data: ReportData, bar_chars: int) -> Table:
     for w in data.waterfalls:
         top = sorted(w.parts_ms.items(), key=lambda kv: -kv[1])[:3]
         table.add_row(
-            plain(f"{w.label} ({w.condition or '?'}) {w.trace_id[:8]}"),
+            plain(f"{w.label} ({w.condition or '?'}) {w.tag}"),
             f"{w.ttft_ms:,.2f}",
             _stacked(w.parts_ms, w.ttft_ms, scale, bar_chars),
             plain(", ".join(f"{s} {v:,.1f}" for s, v in top)),

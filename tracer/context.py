@@ -7,13 +7,14 @@ finds the request's outermost open span in a registry that ``request_context`` f
 
 Sampling is parent-based: a span inherits ``sampled`` from its parent, and the root of a
 request whose incoming ``traceparent`` says "not sampled" (W3C flags ``00``) is not
-sampled, so nothing under it is recorded or linked to, on any thread (DESIGN.md: a request
+sampled, so nothing under it is recorded or linked to, on any thread (docs/design.md: a request
 whose context is not sampled leaves no spans anywhere).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import re
 from contextvars import ContextVar
@@ -21,16 +22,29 @@ from typing import Any
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 _system = random.SystemRandom()
-# Ids come from counters started at random points: unique within the process, unlikely
-# to meet another process's, and far cheaper than a random draw per span.
+# Span ids come from a counter started at a random point: unique within the process,
+# unlikely to meet another process's, and far cheaper than a random draw per span.
 _span_ids = itertools.count(_system.getrandbits(62) + 1)
-_trace_high = _system.getrandbits(63) + 1
-_trace_ids = itertools.count(_system.getrandbits(62) + 1)
+# Trace ids are drawn whole from a generator seeded from the system's entropy (and again in
+# a forked child): W3C trace context asks for the right-most 7 bytes at least to be random,
+# and a tool that labels requests by a part of the trace id must find them told apart there.
+_trace_random = random.Random(_system.getrandbits(128))
+
+
+def _reseed_after_fork() -> None:
+    _trace_random.seed(_system.getrandbits(128))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reseed_after_fork)
 
 
 def new_trace_id() -> int:
-    """A non-zero 128-bit trace id: a random per-process high half, a counter below."""
-    return (_trace_high << 64) | next(_trace_ids)
+    """A non-zero random 128-bit trace id (thread-safe: one C call on a shared generator)."""
+    while True:
+        trace_id = _trace_random.getrandbits(128)
+        if trace_id:
+            return trace_id
 
 
 def new_span_id() -> int:

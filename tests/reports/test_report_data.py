@@ -128,3 +128,19 @@ def test_a_waterfall_draws_the_gpu_spans_attribution_joined():
         frame = report_data.request_spans(asm, request, 0, 30_000)
         gpu = frame[frame["stage"] == "gpu"]
         assert sorted(zip(gpu["start_ns"], gpu["end_ns"], strict=True)) == expected, request
+
+
+def test_each_drawn_request_is_named_by_what_tells_it_apart(data):
+    tags = [w.tag for w in data.waterfalls]
+    assert len(set(tags)) == len(tags)
+    for w in data.waterfalls:
+        assert w.request_id and w.tag == w.request_id
+
+
+def test_without_a_request_id_a_request_is_named_by_its_trace_id_s_random_end():
+    shared = "36f1de77d7df0123456789ab"  # ids of one run used to share 28 leading digits
+    w = report_data.Waterfall("median", shared + "0000000a", None, 1.0, (0.0, 1.0),
+                              None, [], {}, [])
+    other = report_data.Waterfall("p99", shared + "0000000b", None, 1.0, (0.0, 1.0),
+                                  None, [], {}, [])
+    assert w.tag != other.tag and w.tag.endswith("0000000a")
