@@ -131,11 +131,15 @@ def request_table(asm: Assembly, attr: Attribution) -> pd.DataFrame:
     """One row per request of ``asm``, in its order.
 
     Columns: ``trace_id``, ``request_id``, ``condition``, ``outcome``, ``status_code`` (the
-    client span's); ``ttft_ms``, the window at ``attr``'s boundary (of a failed request too
-    when it saw a first token; None without a window); one ``<stage>_ms`` per stage with
-    attributed time in any request (None for a request not attributed: failed or without a
-    window); ``tpot_ms`` and ``itl_ms`` (ok requests with two or more content chunks, as in
-    ``analysis.decode``); ``e2e_ms`` (its client span's end - start, failed requests too);
+    client span's); ``start_ns``, when the request started (Unix-epoch ns: its client span's
+    start, or without a client span its window's start at ``attr``'s boundary; NA without
+    either), ``start_time`` (the same as ISO 8601 UTC, to the microsecond) and
+    ``start_offset_ms`` (from the earliest ``start_ns`` of the table); ``ttft_ms``, the
+    window at ``attr``'s boundary (of a failed request too when it saw a first token; None
+    without a window); one ``<stage>_ms`` per stage with attributed time in any request
+    (None for a request not attributed: failed or without a window); ``tpot_ms`` and
+    ``itl_ms`` (ok requests with two or more content chunks, as in ``analysis.decode``);
+    ``e2e_ms`` (its client span's end - start, failed requests too);
     ``prompt_tokens`` and ``completion_tokens`` (the client span's, as the server's
     ``usage`` gave them). None (NA) where not known.
     """
@@ -145,6 +149,21 @@ def request_table(asm: Assembly, attr: Attribution) -> pd.DataFrame:
     client = asm.rows.of("client", requests_only=True)
     out["status_code"] = _largest(asm, client, ATTR_STATUS_CODE)
     ok = attr.requests["request"].to_numpy(np.int64)
+    start, end = _client_spans(asm)
+    began = start.copy()
+    no_client = began[ok] == NONE_NS
+    began[ok[no_client]] = attr.requests["a_ns"].to_numpy(np.int64)[no_client]
+    known = began != NONE_NS
+    out["start_ns"] = pd.arrays.IntegerArray(np.where(known, began, 0), ~known)
+    iso = np.datetime_as_string(began[known].astype("datetime64[ns]"), unit="us",
+                                timezone="UTC")
+    text = np.full(n_req, None, dtype=object)
+    text[known] = iso
+    out["start_time"] = pd.array(text, dtype="string")
+    offset_ms = np.full(n_req, np.nan)
+    if known.any():
+        offset_ms[known] = (began[known] - began[known].min()) / _NS_PER_MS
+    out["start_offset_ms"] = offset_ms
     bad = attr.failed["request"].to_numpy(np.int64)
     ttft = np.full(n_req, np.nan)
     ttft[ok] = attr.requests["ttft_ns"].to_numpy(np.int64) / _NS_PER_MS
@@ -161,7 +180,6 @@ def request_table(asm: Assembly, attr: Attribution) -> pd.DataFrame:
         column = np.full(n_req, np.nan)
         column[ok] = values[f"{key}_ns"] / _NS_PER_MS
         out[f"{key}_ms"] = column
-    start, end = _client_spans(asm)
     out["e2e_ms"] = np.where(end != NONE_NS, (end - start) / _NS_PER_MS, np.nan)
     for key in (ATTR_PROMPT_TOKENS, COMPLETION_TOKENS):
         out[key] = _largest(asm, client, key)

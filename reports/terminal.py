@@ -2,138 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from rich.console import Console, ConsoleOptions, Group, RenderResult
-from rich.measure import Measurement
-from rich.table import Column, Table
+from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from ttft.analysis.quality import MEANING
 from ttft.analysis.summary import Summary
 from ttft.reports._text import labelled, moved_in_all, plain, spread_words
+from ttft.reports.stage_view import StageBlock, stage_table
+from ttft.reports.table_fit import FittedTable, allot, fit
 from ttft.reports.transfer_view import TITLE, transfer_rows
 from ttft.tracer.schema import CLIENT_CLOCK
 
-_BAR_WIDTH = 20
-_NARROW_BAR_WIDTH = 10
-_STAGE_COLUMNS = ("p50 ms", "p90 ms", "p99 ms", "mean ms", "raw mean ms", "overlap ms")
-# Dropped in this order while a stage table is wider than the console.
-_STAGE_DROP = ("raw mean ms", "overlap ms", "p90 ms")
-
-
-def _span(console: Console, cells: Sequence[object]) -> tuple[int, int]:
-    """The longest word and the longest line among ``cells``."""
-    options = console.options.update_width(10_000)
-    found = [Measurement.get(console, options, cell) for cell in cells]
-    return max(m.minimum for m in found), max(m.maximum for m in found)
-
-
-def allot(table: Table, console: Console, width: int | None = None) -> bool:
-    """Fix the width of every column of ``table`` so that it is drawn in at most ``width``
-    (default ``console.width``) columns with nothing cut; whether it could be.
-
-    A right-justified (number) or ``no_wrap`` column is never narrower than its widest
-    cell, so a number is never cut or wrapped; a text column never narrower than its
-    longest word, and wraps at spaces; headers wrap at spaces. Columns get what is left
-    over that in proportion to how much more they could use (all of it when there is room:
-    the table as rich would draw it). When even the narrowest is too wide the function
-    returns False, the table as narrow as it goes."""
-    spans: list[tuple[Column, int, int]] = []
-    for column in table.columns:
-        head_low, head_high = _span(console, [column.header])
-        cells = list(column.cells)
-        cells_low, cells_high = _span(console, cells) if cells else (1, 1)
-        if column.justify == "right" or column.no_wrap:
-            cells_low = cells_high
-        low = max(head_low, cells_low)
-        spans.append((column, low, max(low, head_high, cells_high)))
-        column.width = low
-    wide = console.options.update_width(10_000)
-    slack = (width or console.width) - Measurement.get(console, wide, table).maximum
-    wanted = sum(high - low for _, low, high in spans)
-    if slack > 0:
-        for column, low, high in spans:
-            column.width = high if wanted <= slack else low + slack * (high - low) // wanted
-    return slack >= 0
-
-
-def fit(table: Table, console: Console, drop: Sequence[str] = ()) -> Table:
-    """``table`` fitted to ``console.width`` (:func:`allot`): the columns whose headers
-    ``drop`` names are removed, in that order, while it does not fit."""
-    for header in drop:
-        if allot(table, console):
-            return table
-        table.columns = [c for c in table.columns if c.header != header]
-    allot(table, console)
-    return table
-
-
-class FittedTable(Table):
-    """A :class:`~rich.table.Table` that fits itself (:func:`allot`) to the width it is
-    drawn in, for a renderer that returns a table without knowing the console. Where it
-    does not fit, the headers that ``short`` names are first shortened to its values."""
-
-    def __init__(self, *args: Any, short: Mapping[str, str] | None = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.short = dict(short or {})
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if not allot(self, console, options.max_width):
-            for column in self.columns:
-                if isinstance(column.header, str):
-                    column.header = self.short.get(column.header, column.header)
-            allot(self, console, options.max_width)
-        return super().__rich_console__(console, options)
-
-
-def _bar(share: float, bar_width: int) -> Text:
-    filled = max(0, min(bar_width, round(share * bar_width)))
-    bar = Text("█" * filled + "·" * (bar_width - filled), style="cyan")
-    bar.append(f" {share:6.1%}")
-    return bar
-
-
-def stage_table(title: str, ttft_ms: dict[str, float] | None, stages: dict[str, dict],
-                console: Console) -> Table:
-    """One table: a row per stage (largest share first), TTFT percentiles in the caption,
-    fitted to ``console.width``: the raw mean and overlap columns left out first, then the
-    share bar narrowed from 20 to 10 characters, then the p90 column left out (stage,
-    share, p50, p99 and mean always stay: 80 columns hold them). ``title`` and the stage
-    names are shown as plain text."""
-    table = fit(_stage_table(title, ttft_ms, stages, _BAR_WIDTH), console, _STAGE_DROP[:2])
-    if allot(table, console):
-        return table
-    return fit(_stage_table(title, ttft_ms, stages, _NARROW_BAR_WIDTH), console, _STAGE_DROP)
-
-
-def _stage_table(
-    title: str, ttft_ms: dict[str, float] | None, stages: dict[str, dict], bar_width: int
-) -> Table:
-    caption = ("TTFT  none: no request that did not fail has a window at this boundary"
-               if ttft_ms is None else
-               "TTFT  " + "  ".join(f"{k} {v:,.2f} ms" for k, v in ttft_ms.items()))
-    table = Table(
-        title=plain(title, "table.title"),
-        caption=caption,
-        title_justify="left",
-        caption_justify="left",
-    )
-    table.add_column("stage", no_wrap=True)
-    table.add_column("share of TTFT", no_wrap=True)
-    for name in _STAGE_COLUMNS:
-        table.add_column(name, justify="right")
-    keys = ("p50", "p90", "p99", "mean", "raw_mean", "overlap_mean")
-    for stage, row in sorted(stages.items(), key=lambda kv: -kv[1]["share"]):
-        style = "dim" if row["share"] == 0 else None
-        table.add_row(
-            plain(stage, style=style or ""),
-            _bar(row["share"], bar_width),
-            *(f"{row[key]:,.2f}" for key in keys),
-            style=style,
-        )
-    return table
+__all__ = [  # the fitting and the stage table are re-exported for the other renderers
+    "FittedTable", "allot", "fit", "render_analysis", "render_decode", "render_failures",
+    "render_load", "render_quality", "render_transfer", "request_counts", "slo_stages_text",
+    "slo_text", "stage_table",
+]
 
 
 def render_analysis(summary: Summary, console: Console) -> None:
@@ -154,25 +39,12 @@ def render_analysis(summary: Summary, console: Console) -> None:
         label = "ok requests" if summary.failures else "all requests"
         if len(conditions) > 1:
             label += " (mixes " + " and ".join(conditions) + ")"
-        blocks = [stage_table(label, summary.ttft_ms, summary.stages, console)]
+        block = StageBlock(console, summary.boundary, summary.policy)
+        block.add(label, summary.ttft_ms, summary.stages)
         for cond, part in conditions.items():
-            blocks.append(
-                stage_table(
-                    f"{cond}: {part['requests']:,} requests",
-                    part["ttft_ms"],
-                    part["stages"],
-                    console,
-                )
-            )
-        console.print(Group(*blocks))
-        console.print(
-            Text(
-                "share: the stage's attributed time over all TTFT; raw: its spans' durations "
-                "clipped to the window; overlap = raw - attributed, the double counting "
-                "that adding durations would do.",
-                style="dim",
-            )
-        )
+            block.add(f"{cond}: {part['requests']:,} requests", part["ttft_ms"],
+                      part["stages"], scope=cond)
+        console.print(block.render())
     if summary.tail:
         tail = Table(title="tail: TTFT ≥ p99 against p40–p60", title_justify="left")
         tail.add_column("stage")

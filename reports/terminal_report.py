@@ -15,6 +15,7 @@ from rich.text import Text
 from ttft.reports._colours import colour
 from ttft.reports._text import plain
 from ttft.reports.report_data import FIT_MIN_R2, ReportData
+from ttft.reports.stage_view import RAW_DROP, StageBlock
 from ttft.reports.terminal import (
     fit,
     render_failures,
@@ -22,7 +23,6 @@ from ttft.reports.terminal import (
     render_quality,
     render_transfer,
     request_counts,
-    stage_table,
 )
 from ttft.tracer.schema import STAGE_NAMES
 
@@ -33,8 +33,8 @@ LETTERS = {
     "client": "c", "connect": "C", "server": "s", "tokenize": "t", "queue": "q",
     "schedule": "S", "batch_wait": "b", "prefill": "p", "prefill.chunk": "P", "sample": "a",
     "detokenize": "d", "holdback": "h", "deliver": "D", "kv_transfer": "k", "stream": "r",
-    "step": "e", "forward": "f", "gpu": "g", "network": "n", "unattributed": "u",
-    "other": "o", "event": "v",
+    "step": "e", "forward": "f", "gpu": "g", "network": "n", "untraced": "x",
+    "unattributed": "u", "other": "o", "event": "v",
 }  # fmt: skip
 _CDF_PCTS = (10, 25, 50, 75, 90, 99, 99.9)
 
@@ -279,16 +279,9 @@ def render_report(data: ReportData, console: Console) -> None:
         console.print(_fitted_bars(lambda chars: _bands(data, chars), console))
         console.print(fit(_cdf(data), console, ("p10", "p75", "p99.9")))
         console.print(_fitted_bars(lambda chars: _waterfalls(data, chars), console))
-        console.print(
-            stage_table("raw durations against attributed time", s.ttft_ms, s.stages, console)
-        )
-        console.print(
-            Text(
-                "raw: the stage's spans' durations clipped to the window; overlap = raw - "
-                "attributed, the double counting that adding durations would do.",
-                style="dim",
-            )
-        )
+        block = StageBlock(console, s.boundary, s.policy, drop=RAW_DROP)
+        block.add("raw durations against attributed time", s.ttft_ms, s.stages)
+        console.print(block.render())
     for table, drop in ((_blame(data), _BLAME_DROP), (_prefill(data), _PREFILL_DROP)):
         if table is not None:
             console.print(fit(table, console, drop))

@@ -3,25 +3,41 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from ttft.reports._text import plain
 from ttft.tracer.schema import OUTCOME_OK
 
 
+class _BarAndFigures(Progress):
+    """A :class:`~rich.progress.Progress` that draws its tasks' bar line, then each task's
+    ``stats`` field on a line of its own (folded, never cut, on a narrow console)."""
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            if task.fields.get("stats"):
+                yield plain(task.fields["stats"])
+
+
 class RunDisplay:
-    """The live progress line: sent, completed, failed, running TTFT p50/p99 of the ok
-    requests (client TTFT, the percentiles of ``ttft analyze``)."""
+    """The live progress display, two lines that fit an 80-column terminal: what it is
+    doing, a bar, completed of total and the time elapsed; below it the requests sent
+    and failed and the running TTFT p50/p99 of the ok requests (client TTFT, the
+    percentiles of ``ttft analyze``). The bar narrows (40 to 10 characters) to leave the
+    rest of its line whole."""
 
     def __init__(self, console: Console) -> None:
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[stats]}"))
+        bar = BarColumn(bar_width=None, table_column=Column(min_width=10, max_width=40))
+        columns = (TextColumn("{task.description}"), bar, MofNCompleteColumn(),
+                   TimeElapsedColumn())
         self.console = console
-        self.progress = Progress(*columns, console=console, transient=False)
+        self.progress = _BarAndFigures(*columns, console=console, transient=False)
         self.task = self.progress.add_task("starting", total=None, stats="")
         self.sent = self.errors = 0
         self.ttfts: list[float] = []

@@ -34,7 +34,9 @@ def export(
         Path | None,
         typer.Option(
             metavar="OUT.csv",
-            help="write one row per request: ids, condition, outcome, status code, TTFT, "
+            help="write one row per request: ids, condition, outcome, status code, start "
+            "(start_ns, start_time in ISO 8601 UTC, start_offset_ms from the first request), "
+            "TTFT, "
             "each stage's attributed ms, TPOT, ITL, end-to-end ms, prompt and completion "
             "tokens (failed requests included; a blank cell: not known)",
         ),

@@ -1,5 +1,6 @@
-"""``ttft export TRACE --csv OUT.csv``: one row per request, failed ones included, read
-back with the csv module; an unwritable path and no output asked for exit 2."""
+"""``ttft export TRACE --csv OUT.csv``: one row per request, failed ones included, with
+when each started, read back with the csv module; an engine-only trace's requests start
+at their window; an unwritable path and no output asked for exit 2."""
 
 from __future__ import annotations
 
@@ -51,10 +52,15 @@ def test_one_row_per_request_with_its_figures(trace, tmp_path):
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == [
-        "trace_id", "request_id", "condition", "outcome", "status_code", "ttft_ms",
-        "server_ms", "network_ms", "tpot_ms", "itl_ms", "e2e_ms", "prompt_tokens",
-        "completion_tokens"]
+        "trace_id", "request_id", "condition", "outcome", "status_code", "start_ns",
+        "start_time", "start_offset_ms", "ttft_ms", "server_ms", "network_ms", "tpot_ms",
+        "itl_ms", "e2e_ms", "prompt_tokens", "completion_tokens"]
     assert [r["trace_id"] for r in rows] == [tid(1), tid(2), tid(3)]
+    # each request's client span starts 100 ms after the one before; the failed one too
+    assert [(r["start_ns"], r["start_time"], r["start_offset_ms"]) for r in rows] == [
+        (str(T0 + 100 * MS), "2023-11-14T22:13:20.100000Z", "0.0"),
+        (str(T0 + 200 * MS), "2023-11-14T22:13:20.200000Z", "100.0"),
+        (str(T0 + 300 * MS), "2023-11-14T22:13:20.300000Z", "200.0")]
     assert [(r["outcome"], r["status_code"]) for r in rows] == [
         ("ok", "200"), ("ok", "200"), ("shed", "429")]
     # TTFT 10 ms: the server's window [1, 5) ms, the rest is network
@@ -84,3 +90,22 @@ def test_csv_and_perfetto_in_one_run(trace, tmp_path):
                                  "--perfetto", str(tmp_path / "t.json")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "r.csv").exists() and (tmp_path / "t.json").exists()
+
+
+def test_an_engine_only_request_starts_at_its_window(tmp_path):
+    """Without a client span a request's start is its window's at the boundary: here the
+    server's span's start, its TTFT up to ``first_byte``."""
+    t0 = T0 + 100 * MS
+    rows = [row(1, 3, "server", t0, t0 + 8 * MS, service="srv"),
+            event(1, 4, "first_byte", t0 + 5 * MS, parent=3, service="srv"),
+            row(2, 3, "server", t0 + 40 * MS, t0 + 50 * MS, service="srv"),
+            event(2, 4, "first_byte", t0 + 43 * MS, parent=3, service="srv")]
+    path = write_trace(tmp_path / "engine.parquet", table(rows))
+    out = tmp_path / "requests.csv"
+    result = runner.invoke(app, ["export", str(path), "--csv", str(out)])
+    assert result.exit_code == 0, result.output
+    with out.open(newline="") as f:
+        got = [(r["start_ns"], r["start_time"], r["start_offset_ms"], r["ttft_ms"])
+               for r in csv.DictReader(f)]
+    assert got == [(str(t0), "2023-11-14T22:13:20.100000Z", "0.0", "5.0"),
+                   (str(t0 + 40 * MS), "2023-11-14T22:13:20.140000Z", "40.0", "3.0")]
