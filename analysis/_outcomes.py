@@ -2,7 +2,8 @@
 ``analysis``).
 
 The load generator writes ``outcome`` (one of ``tracer.schema.OUTCOMES``), ``status_code``
-and ``error`` on the ``client`` span. A trace written before outcomes existed has only
+and ``error`` on the ``client`` span; ``cancelled`` on the span of a request the run's stop
+cut short. A trace written before outcomes existed has only
 ``status_code`` and ``error``: its outcome is read back from them (429/503 → ``shed``,
 another status than 200 → ``http_error``, ``timed out`` → ``timeout``, any other error →
 ``disconnected``). A request without a client span has no outcome the client saw (None),

@@ -32,6 +32,7 @@ from ttft.tracer.schema import (
     EV_FIRST_BYTE,
     EV_FIRST_SAMPLED,
     EV_FIRST_TOKEN,
+    OUTCOME_CANCELLED,
     OUTCOME_OK,
     STAGE_NAMES,
 )
@@ -255,7 +256,6 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     parent_trace[copies] = trace[chunk_rows[order[copies] - n_plain]]
     windows = resolve_trees(spans, has_sid, (p_hi, p_lo, parent_trace), has_parent, n_req,
                             span_trace, trace_values)
-    _add_tree_examples(quality, windows, trace_values, first_trace)
 
     # Events: boundary ends and client token times.
     ev_req = row_req[ev_rows]
@@ -280,6 +280,8 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     requests.insert(3, "outcome", outcome)
     requests.insert(4, "status_code", status)
     requests.insert(5, "error", error)
+    _add_tree_examples(quality, windows, trace_values, first_trace,
+                       cut=outcome == OUTCOME_CANCELLED)
     clock_shift = (
         (requests["client_root"].to_numpy() >= 0)
         & (requests["server_root"].to_numpy() >= 0)
@@ -295,14 +297,18 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
 
 
 def _add_tree_examples(
-    quality: Quality, found: dict[str, np.ndarray], trace_values: list[str], first: np.ndarray
+    quality: Quality, found: dict[str, np.ndarray], trace_values: list[str], first: np.ndarray,
+    cut: np.ndarray,
 ) -> None:
-    for defect, key in (
-        ("orphan_parent", "orphans"),
-        ("duplicate_span_id", "duplicates"),
-        ("outside_window", "outside"),
+    """The tree defects; a request ``cut`` short by the run's stop (outcome ``cancelled``)
+    leaves spans whose parent (its ``server`` span) never ended, so was never exported:
+    an outcome, not orphans."""
+    for defect, key, skip in (
+        ("orphan_parent", "orphans", cut),
+        ("duplicate_span_id", "duplicates", False),
+        ("outside_window", "outside", False),
     ):
-        per = found[key]
+        per = np.where(skip, 0, found[key])
         hit = np.flatnonzero(per)
         quality.add(defect, int(per.sum()), [trace_values[first[i]] for i in hit])
 

@@ -34,7 +34,7 @@ from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES, PRIORITY, ROOT_ONLY_STA
 _PRIO = np.zeros(N_STAGES, np.int64)
 for _name, _p in PRIORITY.items():
     _PRIO[CODE[_name]] = _p
-_DERIVED = np.array([CODE["network"], CODE["unattributed"]])
+_DERIVED = np.array([CODE["network"], CODE["untraced"], CODE["unattributed"]])
 
 ELIGIBLE: dict[str, np.ndarray] = {}
 """Per boundary: which stage codes may take window time (client side decided apart)."""
@@ -148,6 +148,10 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
         out["att"][ids] = run.get(policy, block.critical_path)()
         out["raw"][ids] = block.raw()
         out["cov"][ids] = block.covered(out["raw"][ids])
+    if boundary == "client":  # without a server window, root-only time is not the network's
+        blind = np.flatnonzero(has & ~has_cut)  # alone (`tracer.schema.root_only_stage`)
+        out["att"][blind, CODE["untraced"]] += out["att"][blind, CODE["network"]]
+        out["att"][blind, CODE["network"]] = 0
     keep = np.flatnonzero(has)
     for key in ("cov", "raw"):
         out[key][:, _DERIVED] = out["att"][:, _DERIVED]

@@ -260,7 +260,8 @@ class Request:
 async def send(pool: Pool, req: Request, wire: bytes, timeout_s: float) -> RequestResult:
     """Read one request's response to its end, sending it first unless ``req.conn`` already
     carries it; failures land in ``req.result``. A reused connection the server had closed
-    is replaced once."""
+    is replaced once. Cancelled (the run stopped), it closes the connection and re-raises:
+    the caller ends the request ``cancelled`` (``loadgen._Schedule.cancel``)."""
 
     async def exchange() -> None:
         for retry in (False, True):

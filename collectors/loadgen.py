@@ -8,7 +8,8 @@ event loop delivers them) and never imports the reference engine, so it traces a
 One sender sends the requests in arrival order, each at one start time + its arrival
 offset, so a slow request never delays the schedule of the next;
 benchmarks/client_accuracy.py measures how closely. A request's rows (``_client_request``)
-go to the trace writer as the request ends, so a run cut short keeps every finished one.
+go to the trace writer as the request ends, so a run cut short keeps every finished one;
+the requests in flight when it stops end ``cancelled`` and keep their rows too.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ttft.collectors._spans import to_span_table
 from ttft.collectors.workloads import WorkItem, Workload
 from ttft.tracer.api import clock_ns
 from ttft.tracer.context import format_traceparent
+from ttft.tracer.schema import OUTCOME_CANCELLED
 
 if TYPE_CHECKING:
     from ttft.collectors.writer import TraceWriter
@@ -43,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 START_DELAY_NS = 2_000_000
 """The schedule starts this long after the warm-up, so the first request is not late."""
+CANCELLED_ERROR = "the run stopped before the response ended"
+"""The ``error`` of a request that ended ``cancelled``."""
 
 
 class _Encoder:
@@ -114,7 +118,7 @@ class _RowSink:
 
 class _Schedule:
     """Requests handed to the client: those in flight (at most ``limit``), those waiting for
-    a slot, and the results of those that ended."""
+    a slot, and the results of those that ended (or were cancelled when the run stopped)."""
 
     def __init__(self, pool: Pool, size: int, limit: int, timeout_s: float,
                  rows: _RowSink | None, on_sent: Callable[[int], None] | None,
@@ -124,7 +128,9 @@ class _Schedule:
         self.results: list[RequestResult | None] = [None] * size
         self.tasks: list[asyncio.Task[None]] = []
         self.waiting: deque[tuple[Request, bytes]] = deque()
+        self.running: dict[int, Request] = {}  # in flight, by workload index
         self.in_flight = 0
+        self.stopping = False
 
     def due(self, req: Request, wire: bytes) -> None:
         """A request is due: hand it to the client, or queue it until a slot is free."""
@@ -136,6 +142,7 @@ class _Schedule:
     def _launch(self, req: Request, wire: bytes) -> None:
         """Hand a due request to the client: write it now if a connection is idle."""
         self.in_flight += 1
+        self.running[req.result.index] = req
         req.start_ns = clock_ns()
         conn = self.pool.take()
         if conn is not None:
@@ -147,11 +154,10 @@ class _Schedule:
 
     async def _complete(self, req: Request, wire: bytes) -> None:
         result = await send(self.pool, req, wire, self.timeout_s)
-        if self.rows is not None:
-            self.rows.put(result.rows)
-        self.results[result.index] = result
+        del self.running[result.index]
+        self._keep(result)
         self.in_flight -= 1
-        while self.waiting and self.in_flight < self.limit:
+        while self.waiting and self.in_flight < self.limit and not self.stopping:
             self._launch(*self.waiting.popleft())
         if self.on_result is not None:
             self.on_result(result)
@@ -163,12 +169,29 @@ class _Schedule:
             launched = len(self.tasks)
             await asyncio.gather(*self.tasks)
 
+    def _keep(self, result: RequestResult) -> None:
+        if self.rows is not None:
+            self.rows.put(result.rows)
+        self.results[result.index] = result
+
     async def cancel(self) -> None:
-        """Cancel the requests still running and wait for them: each closes its
-        connection, whose response it will never read."""
+        """Stop: the requests waiting for a slot are never sent; those still running are
+        cancelled and waited for (each closes its connection, whose response it will never
+        read), then end ``cancelled`` at this moment, their rows kept like any other's
+        (the client span, so the server's spans of the request keep their parent). They
+        are not passed to ``on_result``: they did not end by themselves."""
+        self.stopping = True
+        self.waiting.clear()
+        stopped_ns = clock_ns()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        tls = self.pool.origin.ssl is not None
+        for index in sorted(self.running):
+            req = self.running.pop(index)
+            req.fail(OUTCOME_CANCELLED, CANCELLED_ERROR)  # a failure seen before stays
+            req.tls = tls
+            self._keep(req.finish(max(stopped_ns, req.start_ns)))
 
     def ended(self) -> list[RequestResult]:
         return [r for r in self.results if r is not None]
@@ -230,10 +253,14 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
         api_key: sent as ``Authorization: Bearer``.
         timeout_s: the longest one request may take, end to end.
         writer: a ``TraceWriter``; each request's rows are appended to it as the request
-            ends (off the event loop). When the run stops early (cancelled, Ctrl-C), the
-            rows of every request that ended are appended before the exception goes on.
+            ends (off the event loop). When the run stops early (cancelled, Ctrl-C), each
+            request still in flight ends with outcome ``cancelled`` (its client span cut
+            at the stop), and the rows of every request sent are appended before the
+            exception goes on; requests not yet sent leave none.
         on_sent: called with a request's index when it is handed to the HTTP client.
-        on_result: called with each result as its request ends (for progress displays).
+        on_result: called with each result as its request ends (for progress displays);
+            never for a request cancelled by the stop, so the requests sent but not
+            passed here are those the stop cancelled.
 
     Returns:
         One result per workload item, in workload order.
@@ -263,7 +290,7 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
                 schedule.due(req, wire)
             await schedule.wait()
         finally:
-            await schedule.cancel()  # a request still running leaves no rows
+            await schedule.cancel()  # a request still running ends cancelled, with rows
             failed = rows.close() if rows is not None else None
             await pool.close()
     if failed is not None:

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from ttft.collectors import loadgen, workloads
 from ttft.collectors._server_models import choose_model, server_models
+from ttft.collectors._span_wait import last_spans, wait_for_spans
 from ttft.collectors._trace_sink import SeenSink
+from ttft.collectors.load_rates import LoadClock, LoadRates
 from ttft.collectors.workloads import WorkItem
 from ttft.collectors.writer import TraceWriter
 from ttft.tracer.schema import OUTCOME_OK
@@ -192,6 +194,8 @@ class TraceRun:
         joined: requests with at least one span from the server.
         receiver: the OTLP/HTTP endpoint the server could export to.
         seconds: wall time of the whole run.
+        load: the rate the schedule offered and the rate the server achieved
+            (:mod:`ttft.collectors.load_rates`).
     """
 
     trace: Path
@@ -207,6 +211,7 @@ class TraceRun:
     joined: int
     receiver: str
     seconds: float
+    load: LoadRates
 
     @property
     def errors(self) -> int:
@@ -240,9 +245,11 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
 
     Interrupted by Ctrl-C (``KeyboardInterrupt``) or, while it runs, by SIGTERM (which it
     handles as Ctrl-C; on the main thread only, the previous handler is restored after), it
-    stops sending, stops the receivers and closes the trace, which then holds the server's
-    spans received so far and the client spans of every request that ended; then the
-    ``KeyboardInterrupt`` goes on.
+    stops sending; stopped during the load, it ends the requests in flight ``cancelled``
+    and waits briefly for the server's last spans (``_span_wait.last_spans``: at most
+    3 s, a second Ctrl-C cuts it short); then it stops the receivers
+    and closes the trace, which holds the server's spans received so far and the client
+    spans of every request sent; then the ``KeyboardInterrupt`` goes on.
 
     Args:
         on_start: called with the number of requests and the receiver endpoint.
@@ -285,16 +292,22 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
             endpoint = receivers.http_endpoint
             if on_start is not None:
                 on_start(len(items), endpoint)
-            results = asyncio.run(loadgen.run(
-                url, items, chat=spec.endpoint == "chat", model=model,
-                concurrency=spec.concurrency, warmup=spec.warmup, api_key=spec.api_key,
-                timeout_s=spec.timeout_s, writer=writer, on_sent=on_sent, on_result=on_result))
+            clock = LoadClock(on_sent, on_result)
+            try:
+                results = asyncio.run(loadgen.run(
+                    url, items, chat=spec.endpoint == "chat", model=model,
+                    concurrency=spec.concurrency, warmup=spec.warmup, api_key=spec.api_key,
+                    timeout_s=spec.timeout_s, writer=writer, on_sent=clock.on_sent,
+                    on_result=clock.on_result))
+            except KeyboardInterrupt:
+                last_spans(sink, spec.span_wait_s, on_waiting)
+                raise
             if on_waiting is not None:
                 on_waiting()
             if after_load is not None:
                 after_load()
-            _wait_for_spans(sink, {r.trace_id for r in results if r.status_code == 200},
-                            spec.span_wait_s)
+            wait_for_spans(sink, {r.trace_id for r in results if r.status_code == 200},
+                           spec.span_wait_s)
         finally:
             receivers.stop()
             writer.close()
@@ -305,7 +318,7 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
     assert spec.seed is not None
     return TraceRun(Path(out), results, model, fit.exact, lengths, spec.seed, cached,
                     spec.is_cold(), notes, sink.rows, joined, endpoint,
-                    time.perf_counter() - started)
+                    time.perf_counter() - started, clock.rates([it.arrival_s for it in items]))
 
 
 @contextlib.contextmanager
@@ -357,24 +370,6 @@ def _run_metadata(spec: TraceSpec, model: str, models: dict[str, Any],
         "versions": _versions(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-QUIET_S = 1.0
-"""A run's spans are taken as complete once no span arrived for this long."""
-
-
-def _wait_for_spans(sink: SeenSink, wanted: set[str], limit_s: float) -> None:
-    deadline = time.monotonic() + limit_s
-    last_rows, last_change = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        with sink.lock:
-            complete = wanted <= sink.trace_ids
-            rows = sink.rows
-        if rows != last_rows:
-            last_rows, last_change = rows, time.monotonic()
-        elif complete and time.monotonic() - last_change >= QUIET_S:
-            return
-        time.sleep(0.05)
 
 
 def _receivers(spec: TraceSpec, sink: SeenSink) -> Collector:

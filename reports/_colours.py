@@ -6,6 +6,7 @@ COLOURS = {
     "client": "#9aa5b1",
     "connect": "#52606d",
     "network": "#cbd2d9",
+    "untraced": "#e0c9a6",
     "server": "#7b8794",
     "tokenize": "#f7b267",
     "queue": "#e4572e",

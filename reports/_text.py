@@ -92,3 +92,11 @@ def moved_in_all(clocks: list[dict[str, Any]], c: dict[str, Any]) -> str:
     if c["client_clock"] == CLIENT_CLOCK or not server:
         return ""
     return f"; with {c['client_clock']}'s, its rows move {server + c['offset_ms']:+,.3f} ms"
+
+
+UNTRACED_NOTE = (
+    "untraced: time of requests the server sent no span for, its own and the network's "
+    "together. To split it, point the server's OTLP exporter at ttft's receiver "
+    "(ttft trace listens on http://127.0.0.1:4318/v1/traces)."
+)
+"""The one line the terminal and the HTML report print under a table with ``untraced`` time."""

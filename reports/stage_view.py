@@ -13,7 +13,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from ttft.reports._text import plain
+from ttft.reports._text import UNTRACED_NOTE, plain
 from ttft.reports.table_fit import allot, fit
 from ttft.tracer.schema import ROOT_ONLY_STAGE, root_only_stage
 
@@ -97,6 +97,7 @@ class StageBlock:
     _raw_ms: dict[str, float] = field(default_factory=dict)
     _median_zero: dict[str, dict] = field(default_factory=dict)
     _seen: set[str] = field(default_factory=set)
+    _untraced: bool = False
 
     def add(self, title: str, ttft_ms: dict[str, float] | None, stages: dict[str, dict],
             scope: str = "") -> None:
@@ -104,6 +105,7 @@ class StageBlock:
         ``scope`` names its requests in the notes (``""``: all of them)."""
         self.tables.append(stage_table(title, ttft_ms, stages, self.console, self.drop))
         self._seen.update(stages)
+        self._untraced |= stages.get("untraced", {}).get("mean", 0) > 0
         for stage, row in stages.items():
             if row["mean"] == 0:
                 self._zero.setdefault(stage, []).append(scope)
@@ -115,7 +117,8 @@ class StageBlock:
         """The tables, then the notes: the left-out rows, the p50 of 0 under a larger
         mean, what the columns shown mean and which were left out at this width."""
         headers = {c.header for table in self.tables for c in table.columns}
-        notes = [self._left_out(), self._median_note(headers), self._column_note(headers)]
+        notes = [UNTRACED_NOTE if self._untraced else "", self._left_out(),
+                 self._median_note(headers), self._column_note(headers)]
         return Group(*self.tables, *(Text(n, style="dim") for n in notes if n))
 
     def _left_out(self) -> str:

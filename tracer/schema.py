@@ -74,6 +74,8 @@ STAGES: Final[tuple[Stage, ...]] = (
     Stage("batch_wait", "request", 7, "admitted, waiting for its first prefill chunk to start"),
     Stage("prefill", "request", 5, "envelope from the first prefill chunk to the last"),
     Stage("prefill.chunk", "request", 15, "an iteration that carried a chunk of the prompt"),
+    Stage("preempted", "request", 6, "preempted (its K/V blocks freed for another request) "
+          "until admitted again to recompute"),
     Stage("sample", "request", 13, "logits of the last prompt position to the first token id"),
     Stage("detokenize", "request", 12, "first token id to text"),
     Stage("holdback", "request", 11, "first text held back (split UTF-8, stop-string prefix)"),
@@ -85,21 +87,23 @@ STAGES: Final[tuple[Stage, ...]] = (
     Stage("forward", "engine", 16, "host side of one forward pass"),
     Stage("gpu", "engine", 17, "device execution of a forward pass, on the host clock"),
     Stage("network", "derived", None, "client window outside the server's own window"),
+    Stage("untraced", "derived", None, "client window of a request without a server window: "
+          "the server and the network together, unseen (no server span came)"),
     Stage("unattributed", "derived", None, "window time that no span covers"),
     Stage("other", "any", 4, "a span whose stage is not known"),
     Stage("event", "any", None, "a point event (start_ns == end_ns)"),
 )
 """The stage vocabulary of docs/design.md, in the order a request meets them; priorities encode
 the exclusive order ``gpu > forward > prefill.chunk > kv_transfer > sample > detokenize =
-tokenize > holdback > deliver > stream > schedule > batch_wait > queue > prefill > other >
-server > connect > client`` (docs/attribution.md, "Stages and their order")."""
+tokenize > holdback > deliver > stream > schedule > batch_wait > queue = preempted > prefill >
+other > server > connect > client`` (docs/attribution.md, "Stages and their order")."""
 
 STAGE_BY_NAME: Final[dict[str, Stage]] = {s.name: s for s in STAGES}
 STAGE_NAMES: Final[tuple[str, ...]] = tuple(s.name for s in STAGES)
 PRIORITY: Final[dict[str, int]] = {s.name: s.priority for s in STAGES if s.priority is not None}
 REQUEST_STAGES: Final[frozenset[str]] = frozenset(s.name for s in STAGES if s.level == "request")
 ENGINE_STAGES: Final[frozenset[str]] = frozenset(s.name for s in STAGES if s.level == "engine")
-DERIVED_STAGES: Final[frozenset[str]] = frozenset(("network", "unattributed"))
+DERIVED_STAGES: Final[frozenset[str]] = frozenset(("network", "untraced", "unattributed"))
 
 # Event names (rows with stage "event"; the name column holds the event name).
 EV_FIRST_TOKEN: Final = "first_token"
@@ -140,6 +144,9 @@ ATTR_KV_BYTES: Final = "ttft.kv.bytes"
 """``kv_transfer``: the bytes the transfer carried, all layers, K and V (an int). The span
 runs from the first block sent to the last block installed, so the achieved bandwidth is
 ``bytes * 1e9 / (end_ns - start_ns)`` bytes/s (undefined for a span of no length)."""
+ATTR_KV_FIRST_TOKEN: Final = "ttft.kv.first_token"
+"""``kv_transfer``: which side of a disaggregated engine delivered the request's first
+token, ``"decode"`` (after the transfer: TTFT includes it) or ``"prefill"`` (before it)."""
 ATTR_ESTIMATED: Final = "ttft.estimated"
 """A span whose interval the source estimated rather than measured: the attribute's text
 says how (Dynamo's ``kv_transfer_estimated_latency_ms``, an upper bound); ``true`` also
@@ -158,6 +165,7 @@ CONDITIONS: Final[tuple[str, ...]] = ("cold", "prefix_hit")
 
 # Request outcomes (docs/design.md, "TTFT windows"): the client span's ``outcome`` attribute.
 OUTCOME_OK: Final = "ok"
+OUTCOME_CANCELLED: Final = "cancelled"
 OUTCOMES: Final[tuple[str, ...]] = (
     OUTCOME_OK,
     "http_error",
@@ -165,12 +173,17 @@ OUTCOMES: Final[tuple[str, ...]] = (
     "timeout",
     "disconnected",
     "client_error",
+    OUTCOME_CANCELLED,
 )
 """``ok``: a 200 whose stream completed its framing with ``[DONE]`` or a finish reason;
 ``http_error``: another status, or an error or unreadable event in the stream (with the
 status); ``shed``: 429 or 503; ``timeout``: the client's limit ran out; ``disconnected``:
 the connection closed or the stream ended before completing its framing or a finish
-reason; ``client_error``: the request could not be sent (no connection)."""
+reason; ``client_error``: the request could not be sent (no connection); ``cancelled``:
+the run stopped (Ctrl-C, SIGTERM) while the request was in flight, so its client span
+ends there. A cancelled request is an outcome of the run, not a defect of its data: the
+server spans it left (a ``server`` span that never ended, children without it) are not
+counted as data-quality defects."""
 ATTR_OUTCOME: Final = "outcome"
 ATTR_STATUS_CODE: Final = "status_code"
 ATTR_ERROR: Final = "error"
@@ -206,7 +219,18 @@ ROOT_ONLY_STAGE: Final[dict[str, str]] = {
     "server": "server",
     "engine": "unattributed",
 }
-"""The stage that receives window time covered by the window's root alone."""
+"""The stage that receives window time covered by the window's root alone; at the client
+boundary, a request without a server window gives it to ``untraced`` instead
+(`root_only_stage`)."""
+
+
+def root_only_stage(boundary: str, server_window: bool = True) -> str:
+    """The stage of a request's root-only time at ``boundary``: ``network`` is the client
+    window minus a known server window, so a request the server left no ``server`` span in
+    has ``untraced`` time (the server's and the network's together) instead."""
+    if boundary == "client" and not server_window:
+        return "untraced"
+    return ROOT_ONLY_STAGE[boundary]
 
 
 def stage_of(name: str) -> str:

@@ -11,6 +11,8 @@ from rich.text import Text
 
 from ttft.reports._text import plain
 from ttft.reports.cli._app import analyze_trace, app, err, fail, print_summary
+from ttft.reports.cli._interrupt import RunTally
+from ttft.reports.cli._load import print_load
 from ttft.reports.cli._options import (
     ApiKeyOption,
     ArrivalOption,
@@ -80,7 +82,11 @@ def trace(
     Point the server's OTLP exporter at the receiver (for example vLLM:
     --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces; ttft serve: --otlp-endpoint).
     A server that exports nothing still gets the client's view: connect, network, TTFT."""
-    from ttft.collectors.trace_run import TraceSpec, trace_server
+    try:  # the load generator's imports take seconds: Ctrl-C may come here
+        from ttft.collectors.trace_run import TraceSpec, trace_server
+    except KeyboardInterrupt:
+        err.print(plain(RunTally({}, out).interrupted_line(), "yellow"), soft_wrap=True)
+        raise typer.Exit(code=130) from None
 
     spec = TraceSpec(
         url=url, model=model, endpoint=endpoint, rate=rate, arrival=arrival,
@@ -95,13 +101,19 @@ def trace(
         receiver_grpc_port=receiver_grpc_port, span_wait_s=span_wait,
     )
     with RunDisplay(err) as display:
+        tally = RunTally(display.callbacks(), out)
         try:
-            run = trace_server(spec, out, **display.callbacks())
+            run = trace_server(spec, out, **tally.callbacks())
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the trace is closed; say what it kept
+            run = None
         except (ValueError, ConnectionError) as exc:  # may quote a server's body: fail
             raise fail(str(exc)) from None  # prints it as plain text
         except OSError as exc:
             where = f"{exc.filename}: " if exc.filename else ""  # a busy port names itself
             raise fail(f"{where}{exc.strerror or exc}") from None
+    if run is None:
+        err.print(plain(tally.interrupted_line(), "yellow"), soft_wrap=True)
+        raise typer.Exit(code=130)
     lengths = run.prompt_lengths.partition(" (")[0]  # exact, mostly exact or approximate
     err.print(
         plain(
@@ -110,6 +122,7 @@ def trace(
             f"{run.joined}/{len(run.results)} requests joined; trace: {run.trace}"
         )
     )
+    print_load(err, run.load)  # offered against achieved: a yellow line if it did not keep up
     for note in run.notes:  # approximate prompt lengths and why; a model not checked
         err.print(plain(note, "yellow"), soft_wrap=True)
     if run.server_spans == 0:

@@ -132,11 +132,17 @@ def test_request_table_has_every_request_failed_ones_included(analysed):
     assert list(frame["outcome"]) == ["ok", "ok", "ok", "shed"]
     assert list(frame["status_code"]) == [200, 200, 200, 429]
     assert list(frame.columns) == [
-        "trace_id", "request_id", "condition", "outcome", "status_code", "ttft_ms",
-        "network_ms", "tpot_ms", "itl_ms", "e2e_ms", "prompt_tokens", "completion_tokens"]
+        "trace_id", "request_id", "condition", "outcome", "status_code", "start_ns",
+        "start_time", "start_offset_ms", "ttft_ms", "untraced_ms", "tpot_ms", "itl_ms",
+        "e2e_ms", "prompt_tokens", "completion_tokens"]
+    # each request's client span's start, the failed one's too, and from the first
+    assert list(frame["start_ns"]) == [T0 + ms * MS for ms in (0, 50, 100, 300)]
+    assert list(frame["start_time"]) == [
+        f"2023-11-14T22:13:20.{ms:03d}000Z" for ms in (0, 50, 100, 300)]
+    np.testing.assert_array_equal(frame["start_offset_ms"], [0.0, 50.0, 100.0, 300.0])
     np.testing.assert_array_equal(frame["ttft_ms"], [10.0, 40.0, 200.0, np.nan])
-    # a client-only trace: all of TTFT is outside any server window
-    np.testing.assert_array_equal(frame["network_ms"], [10.0, 40.0, 200.0, np.nan])
+    # a client-only trace: no server window, so all of TTFT is untraced (not network)
+    np.testing.assert_array_equal(frame["untraced_ms"], [10.0, 40.0, 200.0, np.nan])
     np.testing.assert_array_equal(frame["tpot_ms"], [5.0, 60.0, np.nan, np.nan])
     np.testing.assert_array_equal(frame["e2e_ms"], [100.0, 200.0, 300.0, 700.0])
     known = {key: [None if v is pd.NA else v for v in frame[key]]
