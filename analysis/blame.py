@@ -3,10 +3,14 @@
 A request is a request of the assembly (``analysis.assemble``: traces sharing a
 ``request_id`` are one request). Its waits are its ``queue`` spans (waiting for admission),
 its ``batch_wait`` spans (admitted, waiting for its first chunk: other requests' admission
-and the chunks that run before its own in the step that carries it), its ``kv_transfer``
-spans from the end of its last prefill chunk on (disaggregated serving: the part of the
-transfer its prefill did not hide) and the gaps between its consecutive ``prefill.chunk``
-spans. Each wait is split by the engine's ``step`` spans on the same ``(service, clock)``
+and the chunks that run before its own in the step that carries it), its ``preempted``
+spans (its K/V blocks taken by another request, until it is admitted again:
+``analysis.preemption`` names the requests), its ``kv_transfer`` spans from the end of its
+last prefill chunk on (disaggregated serving: the part of the transfer its prefill did not
+hide) and the gaps between its consecutive ``prefill.chunk`` spans (a ``preempted`` span
+between two chunks ends one run of chunks: the recompute's chunks are another, and the
+time between the runs is the preemption's and the re-admission's, not a gap). Each wait
+is split by the engine's ``step`` spans on the same ``(service, clock)``
 (for a transfer, the worker that recorded it): the part of a step that overlaps the wait
 goes to ``prefill`` and ``decode`` in proportion to the step's ``prefill_tokens`` (less this
 request's own ``chunk_tokens`` in that step, matched by ``step_id``) and ``decode_tokens``;
@@ -36,12 +40,12 @@ from ttft.tracer.schema import (
     ATTR_STEP_ID,
 )
 
-SPAN_WAITS = ("queue", "batch_wait", "kv_transfer")
+SPAN_WAITS = ("queue", "batch_wait", "preempted", "kv_transfer")
 """The waits that are spans of their own stage."""
 WAITS = (*SPAN_WAITS, "between_chunks")
-"""The waits blame splits: ``queue``, ``batch_wait`` and ``kv_transfer`` spans (a transfer
-from the end of the request's last prefill chunk on: the part overlapped with its own
-prefill is not waiting), and gaps between a request's prefill chunks."""
+"""The waits blame splits: ``queue``, ``batch_wait``, ``preempted`` and ``kv_transfer``
+spans (a transfer from the end of the request's last prefill chunk on: the part overlapped
+with its own prefill is not waiting), and gaps between a request's prefill chunks."""
 KINDS = ("prefill", "decode", "unknown", "idle")
 """What the engine was doing during a wait; the frame of `blame` has a ``<kind>_ns`` each."""
 COLUMNS = ("trace_id", "request_id", "condition", "wait", "wait_ns", *(f"{k}_ns" for k in KINDS))
@@ -290,8 +294,9 @@ def _intervals(span_rows, chunk_rows, req, start, end, group, n_req):
 
     ``span_rows`` holds the rows of each of `SPAN_WAITS`, in order; a ``kv_transfer`` starts
     no earlier than the latest end of its request's chunks (any worker, clocks aligned).
-    Gaps are taken between consecutive chunks of one request on one (service, clock), sorted
-    by start, from the latest chunk end so far (overlapping chunks leave no gap).
+    Gaps are taken between consecutive chunks of one request on one (service, clock) and in
+    one run (no ``preempted`` span of the request starting between them), sorted by start,
+    from the latest chunk end so far (overlapping chunks leave no gap).
     """
     prefill_end = np.full(n_req, np.iinfo(np.int64).min, np.int64)
     np.maximum.at(prefill_end, req[chunk_rows], end[chunk_rows])
@@ -305,15 +310,32 @@ def _intervals(span_rows, chunk_rows, req, start, end, group, n_req):
         out.append((req[rows][keep], wait, a[keep], b[keep], group[rows][keep]))
     if len(chunk_rows) > 1:
         key = req[chunk_rows].astype(np.int64) * (int(group.max()) + 1) + group[chunk_rows]
-        order = np.lexsort((start[chunk_rows], key))
-        rows, key = chunk_rows[order], key[order]
-        reach = pd.Series(end[rows]).groupby(key).cummax().to_numpy()
+        epoch = _runs(span_rows[SPAN_WAITS.index("preempted")], chunk_rows, req, start)
+        order = np.lexsort((start[chunk_rows], epoch, key))
+        rows, key, epoch = chunk_rows[order], key[order], epoch[order]
+        run = np.r_[0, np.cumsum((key[1:] != key[:-1]) | (epoch[1:] != epoch[:-1]))]
+        reach = pd.Series(end[rows]).groupby(run).cummax().to_numpy()
         a, b = reach[:-1], start[rows[1:]]
-        keep = (key[1:] == key[:-1]) & (b > a)
+        keep = (run[1:] == run[:-1]) & (b > a)
         gap = len(SPAN_WAITS)
         out.append((req[rows[:-1]][keep], gap, a[keep], b[keep], group[rows[:-1]][keep]))
     cat = [np.concatenate([np.broadcast_to(o[j], len(o[0])) for o in out]) for j in range(5)]
     return tuple(c.astype(np.int64) for c in cat)
+
+
+def _runs(preempted_rows, chunk_rows, req, start) -> np.ndarray:
+    """Per chunk row, a number that differs between chunks of one request exactly when a
+    ``preempted`` span of the request starts between them (at or before the later one):
+    the preempted spans counted in (request, start) order up to the chunk."""
+    n_pre = len(preempted_rows)
+    if n_pre == 0:
+        return np.zeros(len(chunk_rows), np.int64)
+    rows = np.concatenate([preempted_rows, chunk_rows])
+    is_chunk = np.r_[np.zeros(n_pre, bool), np.ones(len(chunk_rows), bool)]
+    order = np.lexsort((is_chunk, start[rows], req[rows]))  # a span before a chunk it meets
+    counted = np.empty(len(rows), np.int64)
+    counted[order] = np.cumsum(~is_chunk[order])
+    return counted[n_pre:]
 
 
 def _empty(columns: tuple[str, ...]) -> pd.DataFrame:

@@ -36,7 +36,9 @@ class QuadraticFit:
     """``time_ns ≈ a_ns + b_ns_per_token·n + c_ns_per_token2·n²`` over ``points`` requests.
 
     ``r2`` is the coefficient of determination ``1 - SS_res / SS_tot`` (1.0 when all
-    times are equal).
+    times are equal). A least-squares fit can give a term below zero (a negative fixed
+    cost or per-token cost) that no prefill has: `negative_terms` names them, and such a
+    fit describes the lengths measured, not a cost model to read elsewhere.
     """
 
     a_ns: float
@@ -44,6 +46,12 @@ class QuadraticFit:
     c_ns_per_token2: float
     r2: float
     points: int
+
+    @property
+    def negative_terms(self) -> tuple[str, ...]:
+        """The names (``a``, ``b``, ``c``) of the coefficients below zero, in that order."""
+        terms = zip("abc", (self.a_ns, self.b_ns_per_token, self.c_ns_per_token2), strict=True)
+        return tuple(name for name, value in terms if value < 0)
 
     def predict_ns(self, tokens: np.ndarray) -> np.ndarray:
         """The fitted time (float ns) for each token count in ``tokens``."""

@@ -2,6 +2,12 @@
 arithmetic intensity, and against the traced device's roofline whether the chunk was
 compute- or memory-bound and what fraction of the attainable FLOP/s it achieved.
 
+A chunk cannot beat its roofline. One that does (achieved above its attainable) proves the
+peaks too low (measured under load) or the cost model too generous (a wrong model config):
+it gets no fraction (``roofline_fraction`` NaN, ``above_roofline`` True), and
+`roofline_excess` says how far the trace went past the peaks, so a report never prints a
+percentage over 100% nor a peak below what the trace achieved.
+
 The model's shape, the device's peaks and where a trace says them (`ModelShape`, `Peaks`,
 `find_peaks`, `find_model_and_device`) are defined in ``analysis._model_device`` and
 exported here. Pure: no I/O, no torch.
@@ -10,6 +16,7 @@ exported here. Pure: no I/O, no torch.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,14 +37,14 @@ from ttft.tracer.schema import ATTR_CACHED_TOKENS, ATTR_CHUNK_TOKENS, ATTR_CONTE
 
 __all__ = [
     "ENGINE_INFO", "FRAME_COLUMNS", "KNOWN_GPUS", "SUMMARY_COLUMNS", "KnownGpu", "ModelShape",
-    "Peaks", "chunk_bucket", "chunk_cost", "find_model_and_device", "find_peaks", "known_gpu",
-    "regime", "regime_summary",
+    "Peaks", "RooflineExcess", "chunk_bucket", "chunk_cost", "find_model_and_device",
+    "find_peaks", "known_gpu", "regime", "regime_summary", "roofline_excess", "roofline_place",
 ]  # fmt: skip
 
 FRAME_COLUMNS = (
     "trace_id", "condition", "chunk_tokens", "context_before", "dur_ns", "flops", "bytes",
     "intensity", "ridge", "bound", "attainable_flops_per_s", "achieved_flops_per_s",
-    "roofline_fraction",
+    "roofline_fraction", "above_roofline",
 )  # fmt: skip
 
 
@@ -96,8 +103,11 @@ def regime(asm: Assembly, shape: ModelShape, peaks: Peaks | None) -> pd.DataFram
     it is at least the ridge (peak FLOP/s / peak bytes/s), else ``memory``;
     ``attainable_flops_per_s`` is ``min(peak, intensity·bandwidth)``;
     ``achieved_flops_per_s`` flops over the span's duration (clock-aligned times; NaN for
-    a zero duration); ``roofline_fraction`` achieved/attainable. Without ``peaks`` the
-    roofline columns are NaN and ``bound`` None. A span without ``chunk_tokens`` is skipped.
+    a zero duration); ``above_roofline`` whether achieved exceeds attainable, which no
+    device can (the peaks or the model config are wrong); ``roofline_fraction``
+    achieved/attainable, NaN where ``above_roofline``. Without ``peaks`` the roofline
+    columns are NaN, ``bound`` None and ``above_roofline`` False. A span without
+    ``chunk_tokens`` is skipped.
     """
     spans = asm.rows
     rows = spans.of("prefill.chunk")
@@ -127,7 +137,7 @@ def _frame(data: dict[str, Any], peaks: Peaks | None = None) -> pd.DataFrame:
     if not data:
         ints = ("chunk_tokens", "context_before", "dur_ns")
         dtypes = {c: ("int64" if c in ints else "float64") for c in FRAME_COLUMNS}
-        dtypes.update(trace_id=object, condition=object, bound=object)
+        dtypes.update(trace_id=object, condition=object, bound=object, above_roofline=bool)
         return pd.DataFrame({c: pd.Series(dtype=dtypes[c]) for c in FRAME_COLUMNS})
     df = pd.DataFrame(data)
     df["intensity"] = df["flops"] / df["bytes"]
@@ -141,26 +151,96 @@ def _frame(data: dict[str, Any], peaks: Peaks | None = None) -> pd.DataFrame:
 
 
 def _roofline(df: pd.DataFrame, peaks: Peaks | None) -> None:
-    """Add ridge, bound, attainable and roofline_fraction from ``intensity`` and
-    ``achieved_flops_per_s`` (in place)."""
+    """Add ridge, bound, attainable, roofline_fraction and above_roofline from
+    ``intensity`` and ``achieved_flops_per_s`` (in place)."""
+    placed = roofline_place(
+        peaks, df["intensity"].to_numpy(np.float64), df["achieved_flops_per_s"].to_numpy(np.float64)
+    )
+    df["ridge"] = peaks.ridge if peaks is not None else np.nan
+    df["bound"] = pd.Series(placed["bound"], dtype=object, index=df.index)
+    for name in ("attainable_flops_per_s", "roofline_fraction", "above_roofline"):
+        df[name] = placed[name]
+
+
+def roofline_place(
+    peaks: Peaks | None, intensity: Any, achieved_flops_per_s: Any
+) -> dict[str, Any]:
+    """Where work of ``intensity`` FLOP/B that ran at ``achieved_flops_per_s`` sits on the
+    roofline of ``peaks`` (arrays or scalars, element by element): ``bound`` (``compute``
+    at or above the ridge, else ``memory``; None without peaks), ``attainable_flops_per_s``
+    ``min(peak, intensity·bandwidth)``, ``above_roofline`` (achieved > attainable) and
+    ``roofline_fraction`` achieved/attainable, NaN where above the roofline, where achieved
+    is NaN or without peaks. The one rule of `regime`, `regime_summary` and
+    ``ttft profile-prefill``.
+    """
+    intensity = np.asarray(intensity, dtype=np.float64)
+    achieved = np.asarray(achieved_flops_per_s, dtype=np.float64)
     if peaks is None:
-        df["ridge"] = np.nan
-        df["bound"] = pd.Series([None] * len(df), dtype=object, index=df.index)
-        df["attainable_flops_per_s"] = np.nan
-        df["roofline_fraction"] = np.nan
-        return
-    intensity = df["intensity"].to_numpy(dtype=np.float64)
-    df["ridge"] = peaks.ridge
-    df["bound"] = np.where(intensity >= peaks.ridge, "compute", "memory").astype(object)
-    attainable = np.minimum(peaks.flops_per_s, intensity * peaks.bytes_per_s)
-    df["attainable_flops_per_s"] = attainable
-    df["roofline_fraction"] = df["achieved_flops_per_s"].to_numpy(dtype=np.float64) / attainable
+        nan = np.full(np.broadcast(intensity, achieved).shape, np.nan)
+        out = {"bound": np.full(nan.shape, None, dtype=object), "attainable_flops_per_s": nan,
+               "roofline_fraction": nan, "above_roofline": np.zeros(nan.shape, bool)}  # fmt: skip
+    else:
+        attainable = np.minimum(peaks.flops_per_s, intensity * peaks.bytes_per_s)
+        above = achieved > attainable  # NaN compares False
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fraction = np.where(above, np.nan, achieved / attainable)
+        bound = np.where(intensity >= peaks.ridge, "compute", "memory").astype(object)
+        out = {"bound": bound, "attainable_flops_per_s": attainable,
+               "roofline_fraction": fraction, "above_roofline": above}  # fmt: skip
+    if intensity.ndim == 0 and achieved.ndim == 0:
+        return {k: v.item() for k, v in out.items()}
+    return out
+
+
+@dataclass(frozen=True)
+class RooflineExcess:
+    """How far a trace's chunks went past the roofline of ``peaks`` (`roofline_excess`).
+
+    ``chunks`` of ``of_chunks`` ran above their attainable FLOP/s; the best achieved
+    FLOP/s and bytes/s (bytes by the cost model) over all chunks; ``flops`` and ``bytes``
+    whether those best rates exceed the peak FLOP/s and the peak bandwidth themselves. The
+    device can do at least the best rates, whatever the peaks say.
+    """
+
+    chunks: int
+    of_chunks: int
+    best_flops_per_s: float
+    best_bytes_per_s: float
+    flops: bool
+    bytes: bool
+
+
+def roofline_excess(frame: pd.DataFrame, peaks: Peaks | None = None) -> RooflineExcess | None:
+    """What `regime`'s ``frame`` achieved beyond ``peaks`` (default: those it used,
+    ``frame.attrs["peaks"]``): None without peaks or when every chunk is on or under its
+    roofline."""
+    peaks = peaks if peaks is not None else frame.attrs.get("peaks")
+    if peaks is None or frame.empty:
+        return None
+    achieved = frame["achieved_flops_per_s"].to_numpy(np.float64)
+    intensity = frame["intensity"].to_numpy(np.float64)
+    above = roofline_place(peaks, intensity, achieved)["above_roofline"]
+    if not above.any():
+        return None
+    seconds = frame["dur_ns"].to_numpy(np.float64) / 1e9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        moved = np.where(seconds > 0, frame["bytes"].to_numpy(np.float64) / seconds, np.nan)
+    best_flops = float(np.nanmax(achieved))
+    best_bytes = float(np.nanmax(moved))
+    return RooflineExcess(
+        chunks=int(above.sum()),
+        of_chunks=len(frame),
+        best_flops_per_s=best_flops,
+        best_bytes_per_s=best_bytes,
+        flops=best_flops > peaks.flops_per_s,
+        bytes=best_bytes > peaks.bytes_per_s,
+    )
 
 
 SUMMARY_COLUMNS = (
     "condition", "chunk_bucket", "chunks", "tokens", "median_intensity", "ridge", "bound",
     "compute_bound_share", "achieved_flops_per_s", "attainable_flops_per_s",
-    "roofline_fraction",
+    "roofline_fraction", "above_roofline",
 )  # fmt: skip
 
 
@@ -174,12 +254,14 @@ def chunk_bucket(chunk_tokens: int) -> str:
 
 def regime_summary(frame: pd.DataFrame, peaks: Peaks | None = None) -> pd.DataFrame:
     """Per condition (``cold``, ``prefix_hit``, then ``all``, which mixes both and chunks
-    of unknown condition) and chunk bucket (`chunk_bucket`, ascending, then ``all``):
-    chunks, tokens, the median chunk intensity, the ridge, ``bound`` and the achieved,
-    attainable and fraction figures of the group as a whole (its FLOPs over its bytes and
-    over its summed duration), and ``compute_bound_share`` (of its chunks). ``peaks``
-    defaults to those `regime` used (``frame.attrs["peaks"]``); without any, the roofline
-    columns are NaN and ``bound`` None.
+    of unknown condition, left out when every chunk is of one of the two) and chunk
+    bucket (`chunk_bucket`, ascending, then ``all``): chunks, tokens, the median chunk
+    intensity, the ridge, ``bound`` and the achieved, attainable and fraction figures of
+    the group as a whole (its FLOPs over its bytes and over its summed duration, placed by
+    `roofline_place`: no fraction and ``above_roofline`` True where the group beat its
+    roofline), and ``compute_bound_share`` (of its chunks). ``peaks`` defaults to those
+    `regime` used (``frame.attrs["peaks"]``); without any, the roofline columns are NaN
+    and ``bound`` None.
     """
     if frame.empty:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in SUMMARY_COLUMNS})
@@ -189,9 +271,10 @@ def regime_summary(frame: pd.DataFrame, peaks: Peaks | None = None) -> pd.DataFr
     order = sorted(set(buckets), key=lambda b: int(b.split("-")[0]))
     groups: list[tuple[str, str, pd.Series]] = []
     cond = frame["condition"]
+    one = cond.iloc[0] if cond.notna().all() and cond.nunique() == 1 else None
     for name in ("cold", "prefix_hit", "all"):
         in_cond = pd.Series(True, index=frame.index) if name == "all" else cond == name
-        if not in_cond.any():
+        if not in_cond.any() or (name == "all" and one in ("cold", "prefix_hit")):
             continue
         for bucket in [*order, "all"]:
             mask = in_cond & (buckets == bucket) if bucket != "all" else in_cond
@@ -204,11 +287,7 @@ def regime_summary(frame: pd.DataFrame, peaks: Peaks | None = None) -> pd.DataFr
         seconds = float(g["dur_ns"].clip(lower=0).sum()) / 1e9
         achieved = flops / seconds if seconds > 0 else math.nan
         intensity = flops / nbytes
-        attainable = math.nan
-        bound = None
-        if peaks is not None:
-            attainable = min(peaks.flops_per_s, intensity * peaks.bytes_per_s)
-            bound = "compute" if intensity >= ridge else "memory"
+        placed = roofline_place(peaks, intensity, achieved)
         out.append(
             {
                 "condition": name,
@@ -217,11 +296,12 @@ def regime_summary(frame: pd.DataFrame, peaks: Peaks | None = None) -> pd.DataFr
                 "tokens": int(g["chunk_tokens"].sum()),
                 "median_intensity": float(g["intensity"].median()),
                 "ridge": ridge,
-                "bound": bound,
+                "bound": placed["bound"],
                 "compute_bound_share": float((g["bound"] == "compute").mean()),
                 "achieved_flops_per_s": achieved,
-                "attainable_flops_per_s": attainable,
-                "roofline_fraction": achieved / attainable if attainable > 0 else math.nan,
+                "attainable_flops_per_s": placed["attainable_flops_per_s"],
+                "roofline_fraction": placed["roofline_fraction"],
+                "above_roofline": bool(placed["above_roofline"]),
             }
         )
     return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))

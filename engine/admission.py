@@ -1,6 +1,6 @@
 """What a request passes before it enters the engine's waiting queue: its prompt turned
 into token ids without holding the event loop (``prompt_ids``), and the checks that it can
-ever fit (``too_long``, the error for one that cannot).
+ever fit (``check_fits``; ``too_long``, the error for one too long for the model).
 
 A text prompt is refused before tokenization when even its fewest possible tokens
 (``ceil(utf8_bytes / Tokenizer.max_token_bytes)``) cannot fit the model, so a hostile
@@ -12,10 +12,15 @@ longer than ``INLINE_TOKENIZE_BYTES``.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from ttft.engine.tokenizer import Tokenizer
 
-__all__ = ["INLINE_TOKENIZE_BYTES", "prompt_ids", "too_long"]
+if TYPE_CHECKING:  # the checks need no torch
+    from ttft.engine.kv_cache import PagedKVCache
+    from ttft.engine.model import ModelConfig
+
+__all__ = ["INLINE_TOKENIZE_BYTES", "check_fits", "prompt_ids", "too_long"]
 
 INLINE_TOKENIZE_BYTES = 16 << 10
 """Prompts up to this many UTF-8 bytes are tokenized on the caller's thread: a thread hop
@@ -53,3 +58,22 @@ async def prompt_ids(
     if n_bytes <= INLINE_TOKENIZE_BYTES:
         return tokenizer.encode(prompt)
     return await asyncio.to_thread(tokenizer.encode, prompt)
+
+
+def check_fits(ids: list[int], max_tokens: int, model: ModelConfig, cache: PagedKVCache) -> None:
+    """Refuse prompt ``ids`` that the model or the whole K/V ``cache`` can never serve with
+    ``max_tokens``.
+
+    Raises:
+        ValueError: an empty prompt, an id outside the vocabulary, more positions than
+            ``max_seq_len`` or than the cache's blocks hold.
+    """
+    if not ids:
+        raise ValueError("empty prompt")
+    if any(not 0 <= i < model.vocab_size for i in ids):
+        raise ValueError(f"prompt token ids must be in 0..{model.vocab_size - 1}")
+    total = len(ids) + max_tokens
+    if total > model.max_seq_len:
+        raise too_long(str(len(ids)), max_tokens, model.max_seq_len)
+    if -(-total // cache.block_size) > cache.num_blocks:
+        raise ValueError(f"{total} positions never fit {cache.num_blocks} K/V blocks")

@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 
 from ttft.engine.faults import check_delays
 
-__all__ = ["EngineConfig"]
+__all__ = ["PREEMPTION_MODES", "EngineConfig"]
+
+PREEMPTION_MODES = ("off", "recompute")
+"""``EngineConfig.preemption``: ``off`` reserves every block a request can grow into at
+admission, so nothing is ever preempted; ``recompute`` reserves only its prompt's and
+preempts the request admitted last when a decoding request needs a block and none is
+left (``ttft.engine.policy``)."""
 
 
 @dataclass(frozen=True)
@@ -26,10 +32,14 @@ class EngineConfig:
             may be admitted before it); ``schedule`` and ``sample`` sleep in the worker,
             so they delay the whole step; ``kv_transfer`` delays a disaggregated engine's
             K/V transfer and does nothing here (``ttft.engine.faults``).
+        preemption: one of `PREEMPTION_MODES`: ``off`` (the default) or ``recompute``,
+            vLLM V1's recompute preemption: a preempted request's blocks are freed and it
+            waits at the front of the queue to recompute its prompt and the tokens it
+            generated (the ``preempted`` stage, ``ttft.engine.spans``).
 
     Raises:
-        ValueError: a limit under 1, ``max_running`` outside 1..``max_batch_tokens``, or
-            bad delays (``ttft.engine.faults.check_delays``).
+        ValueError: a limit under 1, ``max_running`` outside 1..``max_batch_tokens``, an
+            unknown ``preemption``, or bad delays (``ttft.engine.faults.check_delays``).
     """
 
     max_batch_tokens: int = 512
@@ -39,6 +49,7 @@ class EngineConfig:
     block_size: int = 16
     max_running: int = 16
     inject_delay_ms: dict[str, float] = field(default_factory=dict)
+    preemption: str = "off"
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "chunk_size", "max_queue", "num_blocks", "block_size"):
@@ -49,4 +60,7 @@ class EngineConfig:
                 f"max_running must be in 1..max_batch_tokens ({self.max_batch_tokens}), "
                 f"got {self.max_running}"
             )
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption must be one of {', '.join(PREEMPTION_MODES)}, "
+                             f"got {self.preemption!r}")
         check_delays(self.inject_delay_ms)

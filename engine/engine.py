@@ -1,17 +1,20 @@
 """``Engine``: iteration-level (continuous) batching in one worker thread, with chunked
-prefill and streaming, configured by ``ttft.engine.config.EngineConfig``; and its refusals
-(``QueueFull``, ``EngineStopped``).
+prefill and streaming, configured by ``ttft.engine.config.EngineConfig``; ``EngineStopped``.
 
 Every iteration the worker drops cancelled requests, plans the step with
-``ttft.engine.policy.plan_step`` (admissions, prefill chunks, decode tokens), admits, runs
-each chunk with ``prefill_chunk`` and all decode tokens with one batched ``decode_step``,
-samples, and hands tokens to each request's stream (``ttft.engine.stream``).
+``ttft.engine.policy.plan_step`` (preemptions, admissions, prefill chunks, decode tokens),
+preempts, admits, runs each chunk with ``prefill_chunk`` and all decode tokens with one
+batched ``decode_step``, samples, and hands tokens to each request's stream
+(``ttft.engine.stream``). With ``EngineConfig.preemption="recompute"`` a preempted request
+frees its blocks and waits at the front of the queue; admitted again, it prefills its
+prompt and the tokens it had generated (``RequestState.context_ids``), and the next token
+comes from that prefill's last logits, so its output is what it would have been.
 
 Threading: the worker thread owns the model, the ``PagedKVCache`` and the
 ``PrefixCache``. The asyncio side (``Engine.submit`` and ``RequestStream``) only
 tokenizes, detokenizes, appends to the waiting queue under a lock and reads its own
 ``asyncio.Queue``: it never waits on model work. Tokens cross over with
-``loop.call_soon_threadsafe``.
+``loop.call_soon_threadsafe``. The waiting queue is ``ttft.engine.waiting``'s.
 
 Tracing: the request-level spans and the ``step`` span's links are recorded as
 ``ttft.engine.spans`` says; one ``step`` span per iteration, in the engine's own trace,
@@ -21,17 +24,15 @@ with a ``forward`` span per model call from ``instrument_module``.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import uuid
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ttft.engine.admission import prompt_ids, too_long
+from ttft.engine.admission import check_fits, prompt_ids
 from ttft.engine.config import EngineConfig
-from ttft.engine.faults import async_sleep_for, delay_ns, merge_delays, sleep_for
+from ttft.engine.faults import async_sleep_for, merge_delays, sleep_for
 from ttft.engine.kv_cache import PagedKVCache
 from ttft.engine.model import Transformer, decode_step, prefill_chunk
 from ttft.engine.peaks import engine_metadata, record_engine_info
@@ -40,9 +41,11 @@ from ttft.engine.prefix_cache import PrefixCache
 from ttft.engine.reservation import Reservations
 from ttft.engine.sampler import SamplingParams, make_generator, sample
 from ttft.engine.spans import (
+    begin_preempted,
     link_served,
     note_chunk,
     record_batch_wait,
+    record_preempted,
     record_prefill,
     record_queue,
     record_sample,
@@ -50,16 +53,13 @@ from ttft.engine.spans import (
 )
 from ttft.engine.stream import RequestState, RequestStream
 from ttft.engine.tokenizer import Tokenizer
+from ttft.engine.waiting import QueueFull, WaitingQueue
 from ttft.tracer import clock_ns, record, stage
 from ttft.tracer.context import new_request_root, request_parent
 
 __all__ = ["Engine", "EngineStopped", "QueueFull"]
 
 log = logging.getLogger(__name__)
-
-
-class QueueFull(RuntimeError):
-    """The waiting queue holds ``max_queue`` requests; retry later (HTTP 429)."""
 
 
 class EngineStopped(RuntimeError):
@@ -71,7 +71,8 @@ class Engine:
 
     ``start()`` before ``submit``; ``stop()`` ends the worker (or use ``with Engine(...)``).
     ``cache`` and ``prefix_cache`` belong to the worker: read them only for statistics.
-    ``device_info`` is the device dict of the ``engine_info`` event once started.
+    ``device_info`` is the device dict of the ``engine_info`` event once started;
+    ``preemptions`` counts the requests preempted so far.
     """
 
     def __init__(
@@ -87,15 +88,15 @@ class Engine:
         self.config = config or EngineConfig()
         self.cache = PagedKVCache.for_model(model, self.config.num_blocks, self.config.block_size)
         self.prefix_cache = PrefixCache(self.cache)
-        self._kv = Reservations(self.prefix_cache)
-        self._waiting: deque[RequestState] = deque()
+        self._kv = Reservations(self.prefix_cache, self.config.preemption == "recompute")
+        self._waiting = WaitingQueue(self.config.max_queue)
         self._running: list[RequestState] = []
-        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._hooks: Any = None
-        self._step_ids = itertools.count()
+        self._next_step_id = 0
+        self.preemptions = 0
         self.measure_peaks = measure_peaks
         self.device_info: dict[str, Any] | None = None
 
@@ -191,7 +192,7 @@ class Engine:
             limit = self.model.config.max_seq_len
             ids = await prompt_ids(self.tokenizer, prompt, max_tokens, limit)
             await async_sleep_for(delays, "tokenize")
-            self._validate(ids, max_tokens)
+            check_fits(ids, max_tokens, self.model.config, self.cache)
             params = sampling or SamplingParams()
             loop = asyncio.get_running_loop()
             req = RequestState(rid, ids, max_tokens, params, delays, parent, loop, asyncio.Queue())
@@ -207,27 +208,8 @@ class Engine:
     def _enqueue(self, req: RequestState, ready_ns: int) -> None:
         """Append ``req``, ready at ``ready_ns``, to the waiting queue and wake the worker;
         ``QueueFull`` when ``config.max_queue`` requests are waiting."""
-        with self._lock:
-            if len(self._waiting) >= self.config.max_queue:
-                raise QueueFull(
-                    f"waiting queue full ({self.config.max_queue} requests); retry later"
-                )
-            req.arrival_ns = ready_ns
-            req.eligible_ns = req.arrival_ns + delay_ns(req.delays_ms, "queue")
-            self._waiting.append(req)
+        self._waiting.put(req, ready_ns)
         self._wake.set()
-
-    def _validate(self, ids: list[int], max_tokens: int) -> None:
-        if not ids:
-            raise ValueError("empty prompt")
-        vocab = self.model.config.vocab_size
-        if any(not 0 <= i < vocab for i in ids):
-            raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
-        total, limit = len(ids) + max_tokens, self.model.config.max_seq_len
-        if total > limit:
-            raise too_long(str(len(ids)), max_tokens, limit)
-        if self._kv.blocks_for(total) > self.config.num_blocks:
-            raise ValueError(f"{total} positions never fit {self.config.num_blocks} K/V blocks")
 
     # -- worker: one iteration ----------------------------------------------------------
 
@@ -242,35 +224,28 @@ class Engine:
                 for req in list(self._running):
                     self._drop(req, e)
                 continue
-            self._wake.wait(self._idle_timeout_s())
+            self._wake.wait(self._waiting.next_due_s())
         err = EngineStopped("engine stopped")
-        with self._lock:
-            waiting, self._waiting = list(self._waiting), deque()
-        for req in waiting + self._running:
+        for req in self._waiting.take_all() + self._running:
             self._drop(req, err)
 
     def _iterate(self) -> bool:
         """Drop cancelled requests, plan, admit and run the step; whether a step ran."""
         self._reap()
         plan = self._plan()
+        self._preempt(plan.preempt)
         self._admit(plan.admit)
         if not self._running:
             return False
+        if self._kv.preempt:  # the decoding requests' next blocks (the plan made room)
+            self._kv.reserve(self._running)
         self._step(plan)
         return True
 
-    def _idle_timeout_s(self) -> float | None:
-        with self._lock:
-            due = [r.eligible_ns for r in self._waiting if not r.cancelled]
-        return max(0.0, (min(due) - clock_ns()) / 1e9) if due else None
-
     def _reap(self) -> None:
-        with self._lock:
-            gone = [r for r in self._waiting if r.cancelled]
-            for req in gone:
-                self._waiting.remove(req)
-        for req in gone:
-            record_queue(req, clock_ns(), cancelled=True)
+        for req in self._waiting.take_cancelled():  # its queue or preempted span ends
+            (record_preempted if req.preempted_ns else record_queue)(
+                req, clock_ns(), cancelled=True)
         for req in [r for r in self._running if r.cancelled]:
             self._drop(req, None)
 
@@ -278,15 +253,16 @@ class Engine:
         config, kv = self.config, self._kv
         running = [kv.running(r) for r in self._running]
         waiting = self._candidates(config.max_running - len(running))
-        free = kv.free_blocks() if any(w.eligible for w in waiting) else 0
+        needed = any(w.eligible for w in waiting) or any(r.grow_blocks for r in running)
+        free = kv.free_blocks() if needed else 0
         return plan_step(waiting, running, free_blocks=free, max_running=config.max_running,
-                         max_batch_tokens=config.max_batch_tokens, chunk_size=config.chunk_size)
+                         max_batch_tokens=config.max_batch_tokens, chunk_size=config.chunk_size,
+                         preempt=kv.preempt)
 
     def _candidates(self, slots: int) -> list[Waiting[RequestState]]:
         """The waiting queue up to its ``slots``-th eligible request (the plan admits no
         more), as the policy sees it."""
-        with self._lock:
-            queue = list(self._waiting)
+        queue = self._waiting.snapshot()
         now_ns, found = clock_ns(), 0
         out: list[Waiting[RequestState]] = []
         for req in queue:
@@ -299,28 +275,46 @@ class Engine:
     def _admit(self, reqs: Sequence[RequestState]) -> None:
         """Admit the plan's requests in order: each takes its prefix-cache hit (unchanged
         since the plan looked); with the last one, the running requests' owed blocks are
-        reserved (``ttft.engine.reservation``)."""
-        with self._lock:
-            for req in reqs:
-                self._waiting.remove(req)
+        reserved (``ttft.engine.reservation``). A preempted request's wait ends its
+        ``preempted`` span, a new one's its ``queue`` span."""
+        self._waiting.take(reqs)
         for req in reqs:
             t0_ns = clock_ns()
-            self._kv.take_prefix(req)
+            hit = self._kv.take_prefix(req)
             self._running.append(req)
             if req is reqs[-1]:
                 self._kv.reserve(self._running)
-            req.admitted_ns, req.queue_ref = t0_ns, record_queue(req, t0_ns)
+            resumed: dict[str, int] = {}
+            if req.preempted_ns:  # admitted again: its preempted span ends
+                req.queue_ref = record_preempted(req, t0_ns)
+                resumed = dict(recompute_tokens=len(req.context_ids), recompute_cached_tokens=hit)
+            else:
+                req.admitted_ns, req.queue_ref = t0_ns, record_queue(req, t0_ns)
             sleep_for(req.delays_ms, "schedule")
-            record_schedule(req, t0_ns)
+            record_schedule(req, t0_ns, **resumed)
+
+    def _preempt(self, pairs: Sequence[tuple[RequestState, RequestState]]) -> None:
+        """Preempt each ``(request, needed by)`` of the plan: its ``preempted`` span begins
+        (naming the request whose next block needed its blocks and the step about to run),
+        its blocks are freed and it goes back to the front of the waiting queue."""
+        for req, needed_by in pairs:
+            begin_preempted(req, clock_ns(), preempted_by=[needed_by.rid],
+                            step_id=self._next_step_id, generated_tokens=len(req.out_ids))
+            req.preempted_attrs["blocks_freed"] = self._kv.release(req)
+            self._running.remove(req)
+            self.preemptions += 1
+            self._waiting.put_front(req)
 
     def _step(self, plan: StepPlan[RequestState]) -> None:
-        step_id = next(self._step_ids)
+        step_id, self._next_step_id = self._next_step_id, self._next_step_id + 1
         decode = list(plan.decode)
         served = [r for r, _ in plan.prefill] + decode
         prefill_tokens = sum(n for _, n in plan.prefill)
         with stage("step", step_id=step_id, prefill_tokens=prefill_tokens,
                    decode_tokens=len(decode), running=len(self._running)) as span:
             link_served(span, served)
+            if plan.preempt:
+                span.set(preempted_request_ids=[r.rid for r, _ in plan.preempt])
             for req, n in plan.prefill:
                 self._isolated(req, self._prefill, req, n, step_id)
             if decode:
@@ -344,16 +338,21 @@ class Engine:
     # -- worker: a request's work -------------------------------------------------------
 
     def _prefill(self, req: RequestState, n: int, step_id: int) -> None:
-        t0_ns = clock_ns()
-        chunk = req.prompt_ids[req.computed : req.computed + n]
+        t0_ns, context = clock_ns(), req.context_ids
+        chunk = context[req.computed : req.computed + n]
         logits = prefill_chunk(self.model, self.cache, req.seq, chunk)  # (V,)
         req.computed += n
         end_ns = note_chunk(req, t0_ns, n, step_id)
         record_batch_wait(req, t0_ns, step_id=step_id)  # its first chunk: the wait ends
         end_ns = self._chunk_done(req, end_ns)
-        if req.computed < len(req.prompt_ids):
+        if req.computed < len(context):
             return
         record_prefill(req)
+        if req.out_ids:  # a recompute after its first token: the next token, as a decode
+            self._sample_next(req, logits)
+            if req.seq is not None:
+                self.prefix_cache.insert(context, req.seq)
+            return
         token = sample(logits, req.params, req.generator)  # sampling begins at the logits
         sleep_for(req.delays_ms, "sample")
         record_sample(req, end_ns, clock_ns(), token)

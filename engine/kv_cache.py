@@ -162,6 +162,12 @@ class PagedKVCache:
         refs, kept = self.allocator.ref_counts, self._retained
         return sum(1 for b in range(self.num_blocks) if refs[b] > kept[b])
 
+    def sole_blocks(self, seq: Seq) -> int:
+        """Blocks of ``seq`` no other request references: freeing ``seq`` makes them free,
+        or leaves them held only by ``retain`` (reclaimable)."""
+        refs, kept = self.allocator.ref_counts, self._retained
+        return sum(1 for b in seq.blocks if refs[b] - kept[b] == 1)
+
     def blocks_cached(self) -> int:
         """Blocks referenced only through ``retain`` (no live request holds them)."""
         refs, kept = self.allocator.ref_counts, self._retained

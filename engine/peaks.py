@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ from ttft.tracer import clock_ns, record, stats
 
 __all__ = [
     "SKIP_ENV",
+    "best_peaks",
     "cached_peaks",
     "device_name",
     "engine_metadata",
@@ -45,6 +47,8 @@ SKIP_ENV = "TTFT_SKIP_PEAKS"
 ENGINE_INFO = "engine_info"  # the event ``ttft.analysis.regime.find_model_and_device`` reads
 _COPY_BYTES = {"cpu": 64 << 20, "cuda": 1 << 30}  # per buffer; beyond the caches
 _MATMUL_N = {"cpu": (128, 2048), "cuda": (1024, 8192)}  # (first, largest) square size
+_SIZES = 3  # matmul sizes measured in every slice: the largest that fits and two below
+_SLICES = 6  # of the budget, each half matmuls, half copies
 
 
 def skipped() -> bool:
@@ -91,19 +95,28 @@ class _Timer:
 def measure_peaks(device: str | torch.device = "cpu", budget_s: float = 0.3) -> dict[str, Any]:
     """Measure the device's matmul FLOP/s and copy bandwidth in about ``budget_s``.
 
-    Matmul: square ``n×n @ n×n`` in bfloat16 on CUDA (the engine's dtype there), float32
-    on the CPU; ``n`` doubles from a small size while the next size still fits a quarter
-    of half the budget, then the best of repeated runs until half the budget is spent
-    (``2·n³`` FLOPs each). Copy: ``dst.copy_(src)`` of a buffer larger than the caches
-    (64 MiB on the CPU, up to 1 GiB on CUDA, less when memory or the budget is short),
-    best of repeats, counting bytes read plus written. On CUDA each run is timed with CUDA
-    events and waited for (device time); on the CPU with ``perf_counter``.
+    A peak measured once, at a moment the machine is busy, understates the device (a
+    350 MFLOP/s "peak" under which prefill then ran at 20 GFLOP/s). So the figures are the
+    best of many short runs spread over the whole budget: square ``n×n @ n×n`` matmuls
+    (bfloat16 on CUDA, the engine's dtype there; float32 on the CPU) at up to three sizes,
+    ``n`` doubling from a small size while the next size's run (best of 3) still fits a
+    sixteenth of the budget (``2·n³`` FLOPs each), and a ``dst.copy_(src)`` of a buffer
+    larger than the caches (64 MiB on the CPU, up to 1 GiB on CUDA, less when memory is
+    short; bytes read plus written). The budget is cut in six slices, each spending half
+    on matmuls (every size in turn) and half on copies, after one untimed warm-up run of
+    each. On CUDA each run is timed with CUDA events and waited for (device time); on the
+    CPU with ``perf_counter``. Every slice runs each at least once, so a very busy machine
+    can overrun the budget by a few runs.
 
     Returns:
         The device dict of a trace (``ttft.analysis.regime``): ``name``, ``type``,
-        ``peak_flops_per_s``, ``peak_bytes_per_s``, ``peaks_source`` (``measured``),
-        ``matmul_dtype``, ``matmul_n``, ``copy_bytes``, ``measure_ns`` (wall time spent),
-        ``torch`` and, on the CPU, ``threads``.
+        ``peak_flops_per_s``, ``peak_bytes_per_s`` (the best runs), ``peaks_source``
+        (``measured``), ``matmul_dtype``, ``matmul_n`` (the size of the best matmul),
+        ``matmul_sizes``, ``copy_bytes``, ``rounds`` (slices measured),
+        ``median_flops_per_s`` and ``median_bytes_per_s`` (the median over slices of each
+        slice's best: far below the peaks, the machine was busy while measuring),
+        ``measure_ns`` (wall time spent), ``torch`` and, on the CPU, ``threads`` (torch's)
+        and ``matmul_threads`` (of the best matmul: every other slice runs one thread).
 
     Raises:
         ValueError: a device type other than ``cpu`` or ``cuda``, or a non-positive budget.
@@ -120,15 +133,13 @@ def measure_peaks(device: str | torch.device = "cpu", budget_s: float = 0.3) -> 
         return _measure(dev, budget_s)
 
 
-def _measure(dev: torch.device, budget_s: float) -> dict[str, Any]:
-    t0_ns = time.perf_counter_ns()
-    timer = _Timer(dev)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    half_s = budget_s / 2
-
-    # -- matmul --------------------------------------------------------------------------
+def _matmuls(dev: torch.device, dtype: torch.dtype, timer: _Timer, budget_s: float
+             ) -> list[tuple[int, Callable[[], object]]]:  # fmt: skip
+    """``(n, matmul)`` of up to `_SIZES` square sizes, the largest whose run (timed once,
+    after a warm-up) lets the next, 8× longer, still fit ``budget_s / 16`` and two below."""
     n, n_max = _MATMUL_N[dev.type]
-    deadline = time.perf_counter() + half_s
+    found: list[tuple[int, Callable[[], object]]] = []
+    give_up = time.perf_counter() + budget_s / 4
     while True:
         matmul = functools.partial(
             torch.matmul,
@@ -136,16 +147,26 @@ def _measure(dev: torch.device, budget_s: float) -> dict[str, Any]:
             torch.randn(n, n, device=dev, dtype=dtype),
         )
         timer(matmul)  # warm-up (library init, page faults)
-        seconds = timer(matmul)
-        if n >= n_max or seconds * 8 > half_s / 4 or time.perf_counter() > deadline:
-            break
+        found = [*found[-(_SIZES - 1) :], (n, matmul)]
+        seconds = min(timer(matmul) for _ in range(3))  # best of 3: load makes any one slow
+        if n >= n_max or seconds * 8 > budget_s / 16 or time.perf_counter() > give_up:
+            return found
         n *= 2
-    best_flops = 2 * n**3 / max(seconds, 1e-9)
-    while time.perf_counter() < deadline:
-        best_flops = max(best_flops, 2 * n**3 / max(timer(matmul), 1e-9))
-    del matmul  # frees the operands before the copy buffers are allocated
 
-    # -- copy ----------------------------------------------------------------------------
+
+def _set_threads(dev: torch.device, threads: int) -> None:
+    """torch's intra-op threads on the CPU (process-wide; the engine has not started)."""
+    if dev.type == "cpu" and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def _measure(dev: torch.device, budget_s: float) -> dict[str, Any]:
+    t0_ns = time.perf_counter_ns()
+    deadline = time.perf_counter() + budget_s
+    timer = _Timer(dev)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    matmuls = _matmuls(dev, dtype, timer, budget_s)
+
     nbytes = _COPY_BYTES[dev.type]
     if dev.type == "cuda":
         free, _ = torch.cuda.mem_get_info(dev)
@@ -154,32 +175,90 @@ def _measure(dev: torch.device, budget_s: float) -> dict[str, Any]:
     src = torch.ones(numel, device=dev, dtype=torch.float32)
     copy = functools.partial(torch.empty_like(src).copy_, src)
     copy_bytes = src.numel() * src.element_size()
-    deadline = time.perf_counter() + half_s
     timer(copy)  # warm-up: touches the destination's pages
-    best_s = timer(copy)
-    while time.perf_counter() < deadline:
-        best_s = min(best_s, timer(copy))
-    del src, copy
 
+    # Slices interleave the two figures over the whole budget, and many short runs per
+    # slice catch the moments the machine is free: a burst of load spoils a slice, not a
+    # figure.
+    flops_rounds: list[tuple[float, int]] = []  # (best FLOP/s of a slice, its n)
+    bytes_rounds: list[float] = []
+    slice_s = budget_s / _SLICES
+    threads = torch.get_num_threads() if dev.type == "cpu" else 1
+    best_threads = threads
+    try:
+        while not flops_rounds or time.perf_counter() < deadline:
+            # On a busy CPU a parallel matmul waits for its slowest thread to be scheduled
+            # (40 ms stalls, 0.1 GFLOP/s): every other slice's matmuls run on one thread,
+            # a rate the device reaches as surely.
+            slice_threads = 1 if len(flops_rounds) % 2 else threads
+            _set_threads(dev, slice_threads)
+            best, stop = (0.0, 0), time.perf_counter() + slice_s / 2
+            while best == (0.0, 0) or time.perf_counter() < stop:
+                best = max(best, *((2 * n**3 / max(timer(mm), 1e-9), n) for n, mm in matmuls))
+            if not flops_rounds or best > max(flops_rounds):
+                best_threads = slice_threads
+            flops_rounds.append(best)
+            _set_threads(dev, threads)
+            best_bytes, stop = 0.0, time.perf_counter() + slice_s / 2
+            while best_bytes == 0 or time.perf_counter() < stop:
+                best_bytes = max(best_bytes, 2 * copy_bytes / max(timer(copy), 1e-9))
+            bytes_rounds.append(best_bytes)
+    finally:
+        _set_threads(dev, threads)
+    sizes = [n for n, _ in matmuls]
+    del matmuls, src, copy
+
+    best_flops, best_n = max(flops_rounds)
     out: dict[str, Any] = {
         "name": device_name(dev),
         "type": dev.type,
         "peak_flops_per_s": float(best_flops),
-        "peak_bytes_per_s": float(2 * copy_bytes / max(best_s, 1e-9)),
+        "peak_bytes_per_s": float(max(bytes_rounds)),
         "peaks_source": "measured",
         "matmul_dtype": str(dtype).removeprefix("torch."),
-        "matmul_n": n,
+        "matmul_n": best_n,
+        "matmul_sizes": sizes,
         "copy_bytes": copy_bytes,
+        "rounds": len(flops_rounds),
+        "median_flops_per_s": float(statistics.median(f for f, _ in flops_rounds)),
+        "median_bytes_per_s": float(statistics.median(bytes_rounds)),
         "measure_ns": time.perf_counter_ns() - t0_ns,
         "torch": torch.__version__,
     }
     if dev.type == "cuda":
         out["index"] = dev.index
     else:
-        out["threads"] = torch.get_num_threads()
+        out["threads"] = threads
+        out["matmul_threads"] = best_threads
     if not all(math.isfinite(out[k]) for k in ("peak_flops_per_s", "peak_bytes_per_s")):
         raise RuntimeError(f"peak measurement on {dev} gave non-finite figures: {out}")
     return out
+
+
+def best_peaks(*measured: dict[str, Any]) -> dict[str, Any]:
+    """Several `measure_peaks` results of one device as one: the best ``peak_*`` (with the
+    ``matmul_n`` of the best matmul), ``rounds`` and ``measure_ns`` summed, the medians of
+    the measurement with the most rounds; the rest as the first has it.
+
+    Raises:
+        ValueError: no measurement, or measurements of different devices.
+    """
+    if not measured:
+        raise ValueError("best_peaks needs at least one measurement")
+    if len({(m.get("type"), m.get("name"), m.get("index")) for m in measured}) > 1:
+        raise ValueError("best_peaks: the measurements are of different devices")
+    fastest = max(measured, key=lambda m: m["peak_flops_per_s"])
+    longest = max(measured, key=lambda m: m.get("rounds", 1))
+    return {
+        **measured[0],
+        "peak_flops_per_s": fastest["peak_flops_per_s"],
+        "matmul_n": fastest.get("matmul_n"),
+        "peak_bytes_per_s": max(m["peak_bytes_per_s"] for m in measured),
+        "rounds": sum(m.get("rounds", 1) for m in measured),
+        "median_flops_per_s": longest.get("median_flops_per_s"),
+        "median_bytes_per_s": longest.get("median_bytes_per_s"),
+        "measure_ns": sum(m.get("measure_ns", 0) for m in measured),
+    }
 
 
 @functools.cache

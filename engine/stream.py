@@ -73,6 +73,11 @@ class RequestState:
         computed: prompt positions whose K/V is in ``seq``.
         chunks: the prefill chunks run so far, ``(start_ns, end_ns, attributes)``, recorded
             as spans when the prefill ends or is cut.
+        recompute_ids: None until it is preempted; then what it prefills when admitted
+            again: its prompt and the tokens it had generated (``context_ids``).
+        preempted_ns: when it was last preempted, while it waits to be admitted again
+            (its ``preempted`` span begins); 0 otherwise.
+        preempted_attrs: that span's attributes (who needed its blocks, blocks freed).
     """
 
     rid: str
@@ -96,6 +101,15 @@ class RequestState:
     out_ids: list[int] = field(default_factory=list)
     chunks: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)
     cancelled: bool = False
+    recompute_ids: list[int] | None = None
+    preempted_ns: int = 0
+    preempted_attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def context_ids(self) -> list[int]:
+        """The tokens its prefill computes: the prompt, or after a preemption the prompt
+        and the tokens it generated before it (recompute)."""
+        return self.prompt_ids if self.recompute_ids is None else self.recompute_ids
 
 
 class RequestStream:

@@ -12,6 +12,7 @@ COLOURS = {
     "queue": "#e4572e",
     "schedule": "#f4845f",
     "batch_wait": "#c0392b",
+    "preempted": "#7b241c",
     "prefill": "#76b041",
     "prefill.chunk": "#2e8b57",
     "kv_transfer": "#8d6e63",

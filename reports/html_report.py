@@ -11,22 +11,20 @@ inject markup into the page.
 
 from __future__ import annotations
 
-import html
 from datetime import datetime, timezone
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
-
-import plotly.graph_objects as go
 
 from ttft.analysis.quality import MEANING
 from ttft.reports import _figures
 from ttft.reports._colours import colour
+from ttft.reports._html import _CSS, _e, _figure, _ms, _rows, folded
 from ttft.reports._text import moved_in_all, spread_words
-from ttft.reports.regime_view import RegimeResult
-from ttft.reports.report_data import FIT_MIN_R2, ReportData, metadata_rows
+from ttft.reports.metadata_view import metadata_rows, metadata_summary
+from ttft.reports.regime_view import ABOVE_PEAK, RegimeResult, excess_line
+from ttft.reports.report_data import FIT_MIN_R2, ReportData
 from ttft.reports.transfer_view import transfer_html
 
 PLOTLY_JS_VERSION = "4.1.1"
@@ -34,51 +32,6 @@ PLOTLY_JS_VERSION = "4.1.1"
 of the plotly package the report is built with returns (a test pins the two together). To
 move it, ``npm pack plotly.js-basic-dist-min@VERSION`` and copy the tarball's
 ``plotly-basic.min.js`` and ``LICENSE`` into ``assets/``."""
-_CONFIG = {"displaylogo": False, "responsive": True}
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
-       background: #f5f7fa; color: #1f2933; }
-main { max-width: 1180px; margin: 0 auto; padding: 24px; }
-h1 { margin: 0 0 4px; font-size: 26px; } h2 { margin: 32px 0 8px; font-size: 20px; }
-.sub { color: #52606d; margin-bottom: 18px; }
-.cards { display: flex; flex-wrap: wrap; gap: 14px; }
-.card { background: #fff; border-radius: 10px; padding: 14px 18px; min-width: 250px;
-        box-sizing: border-box;
-        box-shadow: 0 1px 3px rgba(0,0,0,.12); flex: 1; }
-.card h3 { margin: 0 0 6px; font-size: 15px; color: #52606d; font-weight: 600; }
-.big { font-size: 28px; font-weight: 700; } .unit { font-size: 14px; color: #52606d; }
-.pcts span { margin-right: 14px; } .biggest { margin-top: 8px; }
-.swatch { display: inline-block; width: 11px; height: 11px; border-radius: 2px;
-          margin-right: 5px; vertical-align: -1px; }
-.panel { background: #fff; border-radius: 10px; padding: 8px; margin: 14px 0;
-         box-shadow: 0 1px 3px rgba(0,0,0,.12); }
-table { border-collapse: collapse; background: #fff; font-size: 13px; width: 100%; }
-th, td { padding: 5px 10px; border-bottom: 1px solid #e4e7eb; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
-td.text { text-align: left; } tr.total td { font-weight: 700; border-top: 2px solid #9aa5b1; }
-.note { color: #52606d; font-size: 13px; margin: 6px 0 0; }
-.ok { color: #2f8132; } .warn { color: #b44d12; }
-.failures { color: #b3261e; font-weight: 600; margin-bottom: 4px; }
-table.meta { table-layout: fixed; } table.meta th, table.meta td { text-align: left; }
-table.meta td:first-child { width: 32%; font-family: ui-monospace, monospace; }
-table.meta td { overflow-wrap: anywhere; white-space: pre-wrap; vertical-align: top; }
-.load div { margin-bottom: 4px; }
-"""
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _ms(value: float) -> str:
-    return f"{value:,.2f}"
-
-
-def _figure(fig: go.Figure | None, div_id: str, empty: str) -> str:
-    if fig is None:
-        return f'<p class="note">{_e(empty)}</p>'
-    body = fig.to_html(full_html=False, include_plotlyjs=False, config=_CONFIG, div_id=div_id)
-    return f'<div class="panel">{body}</div>'
 
 
 def _headline(data: ReportData) -> str:
@@ -125,6 +78,8 @@ def _load(data: ReportData) -> str:
         )
     if load.get("output_tokens_per_s") is not None:
         lines.append(f"output <b>{load['output_tokens_per_s']:,.4g}</b> tokens/s")
+    if load.get("content_filter"):
+        lines.append(f"{load['content_filter']:,} ended by the content filter")
     e2e = load.get("e2e_ms")
     if e2e:
         lines.append(
@@ -143,13 +98,6 @@ def _load(data: ReportData) -> str:
             lines.append(f'<span class="unit">{_e(slo_stages_text(good["ttft_stages"]))}</span>')
     body = "".join(f"<div>{line}</div>" for line in lines)
     return f'<div class="card load"><h3>load</h3>{body}</div>'
-
-
-def _rows(rows: list[tuple[str, str]], head: str = "", attrs: str = "") -> str:
-    """A key / value table (class ``meta``: long values wrap); ``head`` and ``attrs`` are
-    markup (a header row, the table's attributes)."""
-    body = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows)
-    return f'<table class="meta"{attrs}>{head}{body}</table>'
 
 
 def _left_out(count: int) -> str:
@@ -190,11 +138,15 @@ def _raw_table(data: ReportData) -> str:
         f"<td>{_ms(raw_total - att_total)}</td><td></td></tr>"
     )
     ttft_mean = data.summary.ttft_ms["mean"]  # stages exist: some request has a TTFT
-    return (
+    table = (
         "<table><tr><th>stage</th><th>raw mean ms (durations clipped to the window)</th>"
         "<th>attributed mean ms</th><th>overlap ms (double counting avoided)</th>"
         f"<th>share of TTFT</th></tr>{''.join(rows)}</table>"
-        f'<p class="note">Adding the stages\' durations would give {_ms(raw_total)} ms per '
+    )
+    return (
+        folded(f"per stage: {len(stages):,} stages, raw against attributed mean ms, their "
+               "overlap and share of TTFT", table, "raw-fold")
+        + f'<p class="note">Adding the stages\' durations would give {_ms(raw_total)} ms per '
         f"request; the mean TTFT is {_ms(ttft_mean)} ms, which the attributed parts sum to "
         "exactly. Stages and spans overlap (nesting, CPU/GPU asynchrony, batching, the "
         "client's and the server's view of one interval).</p>"
@@ -219,6 +171,7 @@ def _regime_table(data: ReportData) -> str:
     rows = []
     for r in found.summary.itertuples(index=False):
         pct = f"{r.roofline_fraction:.0%}" if r.roofline_fraction == r.roofline_fraction else "-"
+        pct = ABOVE_PEAK if r.above_roofline else pct
         rows.append(
             f"<tr><td>{_e(r.condition)}</td><td>{_e(r.chunk_bucket)}</td><td>{r.chunks:,}</td>"
             f"<td>{r.median_intensity:,.3g}</td><td>{_e(r.bound or '-')}</td><td>{pct}</td>"
@@ -235,23 +188,34 @@ def _regime_table(data: ReportData) -> str:
             f"{found.peaks.bytes_per_s / 1e9:,.3g} GB/s, {_e(found.peaks.device)} "
             f"({_e(found.peaks.source)}); never taken from the machine making this report."
         )
-    return (
+    table = (
         "<table><tr><th>condition</th><th>chunk tokens</th><th>chunks</th>"
         "<th>median FLOP/B</th><th>bound</th><th>of roofline</th><th>achieved GFLOP/s</th>"
-        f'</tr>{"".join(rows)}</table><p class="note">{where}</p>{_above_roofline(found)}'
+        f'</tr>{"".join(rows)}</table>'
     )
+    return (folded(_regime_fold(found), table, "regime-fold")
+            + f'<p class="note">{where}</p>{_above_roofline(found)}')
+
+
+def _regime_fold(found: RegimeResult) -> str:
+    """The regime table's one-line summary: its rows and chunks, and how many rows each
+    bound has."""
+    bounds = found.summary["bound"].fillna("-").value_counts()
+    each = ", ".join(f"{n:,} {bound}" for bound, n in sorted(bounds.items()))
+    rows, chunks = len(found.summary), int(found.summary["chunks"].sum())
+    return (f"per condition and chunk size: {rows:,} row{'' if rows == 1 else 's'} over "
+            f"{chunks:,} chunks (bound: {each})")
 
 
 def _above_roofline(found: RegimeResult) -> str:
-    """A warning when a row ran above 100% of its roofline: the peaks understate what the
-    device did, so every fraction and bound drawn from them is unreliable."""
-    over = found.summary[found.summary["roofline_fraction"] > 1]
-    if found.peaks is None or over.empty:
+    """A warning when chunks ran above their roofline (`RegimeResult.excess`): the peaks
+    understate what the device did, so the fractions and bounds drawn from them are
+    unreliable; those rows say "above peak" instead of a percentage over 100%."""
+    excess = found.excess
+    if excess is None:
         return ""
     return (
-        f'<p class="warn">Peaks unreliable: {len(over):,} of {len(found.summary):,} rows of '
-        "the table ran above 100% of the roofline (up to "
-        f"{over['roofline_fraction'].max():.0%}), which no device can. The peaks "
+        f'<p class="warn">{_e(excess_line(excess, found.peaks).plain)}. The peaks '
         f"({_e(found.peaks.source)}) are lower than what the chunks achieved, or the model "
         "config overstates their FLOPs or understates their bytes (a wrong dtype, head count "
         "or device), so the fractions and bounds above cannot be trusted: pass --peak-tflops "
@@ -312,7 +276,9 @@ def _metadata(data: ReportData) -> str:
     rows = metadata_rows(data.metadata)
     if not rows:
         return '<p class="note">The trace has no run metadata.</p>'
-    return _rows(rows, "<tr><th>key</th><th>value</th></tr>", ' id="metadata"')
+    return folded(metadata_summary(data.metadata),
+                  _rows(rows, "<tr><th>key</th><th>value</th></tr>", ' id="metadata"'),
+                  "metadata-fold")
 
 
 @cache

@@ -1,6 +1,8 @@
 """The prefill regime in the terminal: per condition and chunk-size bucket, intensity
-against the ridge, the bound, achieved FLOP/s and the fraction of the roofline; and a
-line naming where the peaks came from, or what is missing and which flags supply it."""
+against the ridge, the bound, achieved FLOP/s and the fraction of the roofline (never over
+100%: a row above its roofline says so instead, and a line says how far the trace went past
+the peaks); a line naming where the peaks came from, or what is missing and which flags
+supply it; and the line that tells a prefill profile from a request trace."""
 
 from __future__ import annotations
 
@@ -14,16 +16,19 @@ from rich.table import Table
 from rich.text import Text
 
 from ttft.analysis.assemble import Assembly
-from ttft.analysis.regime import Peaks
+from ttft.analysis.regime import Peaks, RooflineExcess, roofline_excess
 from ttft.reports._text import plain
 from ttft.reports.terminal import fit
 
 __all__ = [
+    "ABOVE_PEAK",
     "RegimeResult",
     "compute_regime",
+    "excess_line",
     "fmt_bound",
     "fmt_si",
     "peaks_line",
+    "profile_line",
     "render_regime",
 ]
 
@@ -34,6 +39,14 @@ _SOURCES = {
     "flags": "from the command-line flags",
 }
 _CONDITION_LABEL = {"all": "all (mixes cold and prefix_hit)"}
+ABOVE_PEAK = "above peak"
+"""What a row above its roofline shows instead of a percentage (`excess_line` says why)."""
+_EXCEEDS = {
+    "measured": "achieved exceeds the measured peak (peak measured under load?)",
+    "known-gpu": "achieved exceeds the datasheet peak (is the GPU or the model config wrong?)",
+    "flags": "achieved exceeds the peak of --peak-tflops/--peak-bandwidth-gbs",
+}
+PROFILE_TOOL = "ttft profile-prefill"
 
 
 def fmt_si(value: float, unit: str) -> str:
@@ -46,12 +59,16 @@ def fmt_si(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
-def fmt_bound(bound: str | None, fraction: float) -> Text:
-    """``compute 41%``, the bound coloured (compute cyan, else magenta); ``-`` when
+def fmt_bound(bound: str | None, fraction: float, above: bool = False) -> Text:
+    """``compute 41%``, the bound coloured (compute cyan, else magenta); ``compute above
+    peak`` where the row ran above its roofline (no percentage over 100%); ``-`` when
     unknown."""
     if bound is None:
         return Text("-")
-    pct = f" {fraction:.0%}" if fraction is not None and math.isfinite(fraction) else ""
+    if above:
+        pct = Text(f" {ABOVE_PEAK}", style="yellow")
+    else:
+        pct = f" {fraction:.0%}" if fraction is not None and math.isfinite(fraction) else ""
     return Text.assemble(plain(bound, "cyan" if bound == "compute" else "magenta"), pct)
 
 
@@ -62,6 +79,42 @@ def peaks_line(peaks: Peaks) -> Text:
         f"peaks: {fmt_si(peaks.flops_per_s, 'FLOP/s')}, {fmt_si(peaks.bytes_per_s, 'B/s')} "
         f"(ridge {peaks.ridge:.3g} FLOP/B), {peaks.device}, "
         f"{_SOURCES.get(peaks.source, peaks.source)}"
+    )
+
+
+def excess_line(excess: RooflineExcess, peaks: Peaks, unit: str = "chunks") -> Text:
+    """The warning for chunks above their roofline: ``achieved exceeds the measured peak
+    (peak measured under load?): 3 of 30 chunks ran above the roofline, up to 21.9
+    GFLOP/s, so the device does at least that; they show "above peak", not a %``. The best
+    rates named are those above the peaks, so no peak is left standing below what the
+    trace achieved. ``unit`` names what was counted."""
+    best = []
+    if excess.flops:
+        best.append(fmt_si(excess.best_flops_per_s, "FLOP/s"))
+    if excess.bytes:
+        best.append(f"{fmt_si(excess.best_bytes_per_s, 'B/s')} (bytes by the cost model)")
+    rates = f", up to {' and '.join(best)}, so the device does at least that" if best else ""
+    return plain(
+        f"{_EXCEEDS.get(peaks.source, _EXCEEDS['measured'])}: {excess.chunks:,} of "
+        f"{excess.of_chunks:,} {unit} ran above the roofline{rates}; they show "
+        f'"{ABOVE_PEAK}", not a %',
+        "yellow",
+    )
+
+
+def profile_line(metadata: dict[str, Any], asm: Assembly) -> str | None:
+    """For a ``ttft profile-prefill`` trace (its metadata's ``tool``), what it is: ``a
+    prefill profile (ttft profile-prefill): 30 timed prefill runs of the small model, no
+    requests: TTFT, stages and defects do not apply; see its regime (--regime)``; None
+    for any other trace."""
+    if metadata.get("tool") != PROFILE_TOOL:
+        return None
+    runs = len(asm.rows.of("prefill"))
+    model = metadata.get("model")
+    of = f" of the {model} model" if model else ""
+    return (
+        f"a prefill profile ({PROFILE_TOOL}): {runs:,} timed prefill runs{of}, no requests: "
+        "TTFT, its stages and request defects do not apply"
     )
 
 
@@ -107,7 +160,8 @@ def render_regime(
     table = Table(title="prefill regime (per chunk: FLOPs and bytes from the model shape)")
     for name in ("condition", "chunk tokens", "chunks", "tokens", "median FLOP/B", "ridge",
                  "regime", "compute-bound", "achieved"):  # fmt: skip
-        table.add_column(name, justify="left" if name in ("condition", "regime") else "right")
+        table.add_column(name, justify="left" if name in ("condition", "regime") else "right",
+                         no_wrap=name == "regime")  # fmt: skip
     for r in summary.itertuples(index=False):
         table.add_row(
             plain(_CONDITION_LABEL.get(r.condition, r.condition)),
@@ -116,7 +170,7 @@ def render_regime(
             f"{r.tokens:,}",
             f"{r.median_intensity:.3g}",
             "-" if not math.isfinite(r.ridge) else f"{r.ridge:.3g}",
-            fmt_bound(r.bound, r.roofline_fraction),
+            fmt_bound(r.bound, r.roofline_fraction, bool(r.above_roofline)),
             "-" if peaks is None else f"{r.compute_bound_share:.0%}",
             fmt_si(r.achieved_flops_per_s, "FLOP/s"),
         )
@@ -129,6 +183,9 @@ def render_regime(
     )
     if peaks is not None:
         console.print(peaks_line(peaks))
+        excess = roofline_excess(frame, peaks)
+        if excess is not None:
+            console.print(excess_line(excess, peaks))
 
 
 @dataclass
@@ -140,6 +197,14 @@ class RegimeResult:
     summary: pd.DataFrame | None
     peaks: Peaks | None
     device_name: str | None
+
+    @property
+    def excess(self) -> RooflineExcess | None:
+        """How far the chunks went past the peaks (`roofline_excess`); None when none did
+        or there is no roofline."""
+        if self.frame is None or self.peaks is None:
+            return None
+        return roofline_excess(self.frame, self.peaks)
 
 
 def compute_regime(

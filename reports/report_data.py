@@ -8,8 +8,6 @@ partitions (``ttft.reports.runs.distributed``) calls with the partitions' rows m
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +86,8 @@ class ReportData:
     prefill_fits: dict[str, QuadraticFit]
     regime: RegimeResult | None = None
     notes: list[str] = field(default_factory=list)
-    """Lines the report shows under its title (how the run was deployed)."""
+    """Lines the report shows under its title: how the run was deployed, from its metadata
+    or else its ``kv_transfer`` spans (``ttft.analysis.transfer.deployment_note``)."""
 
     @property
     def group_label(self) -> dict[str, str]:
@@ -101,34 +100,6 @@ class ReportData:
     def explaining_fits(self) -> dict[str, QuadraticFit]:
         """The prefill fits worth drawing: those with ``r2 >= FIT_MIN_R2``."""
         return {c: f for c, f in self.prefill_fits.items() if f.r2 >= FIT_MIN_R2}
-
-
-def metadata_rows(metadata: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
-    """Run metadata as ``(key, value)`` text rows, sorted by key.
-
-    Nested mappings are flattened into dotted keys (``model_config.hidden_size``), as are
-    lists of mappings (``inputs.0.path``); strings stay as they are, other lists are joined
-    with ``, `` and every other value (an empty mapping too) is its JSON text.
-    """
-    rows: list[tuple[str, str]] = []
-    for key in sorted(metadata, key=str):
-        value, name = metadata[key], f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            rows.extend(metadata_rows(value, f"{name}."))
-        elif (
-            isinstance(value, list | tuple) and value and all(isinstance(v, Mapping) for v in value)
-        ):
-            for i, item in enumerate(value):
-                rows.extend(metadata_rows(item, f"{name}.{i}."))
-        elif isinstance(value, list | tuple):
-            rows.append((name, ", ".join(_text(v) for v in value)))
-        else:
-            rows.append((name, _text(value)))
-    return rows
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
 
 
 def build_report(analysis: Analysis, *, regime: RegimeResult | None = None) -> ReportData:
@@ -196,7 +167,7 @@ def combine_report(summary: Summary, metadata: dict[str, Any], attr: Attribution
         prefill_points=points,
         prefill_fits=prefill_fits(points),
         regime=_in_request_order(regime),
-        notes=[note] if (note := deployment_note(metadata)) else [],
+        notes=[note] if (note := deployment_note(metadata, summary.kv_transfer)) else [],
     )
 
 

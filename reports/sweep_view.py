@@ -17,9 +17,10 @@ from rich.text import Text
 
 from ttft.reports import _figures
 from ttft.reports._colours import colour
+from ttft.reports._html import _CSS, _e, _figure, _rows, folded
 from ttft.reports._text import plain
-from ttft.reports.html_report import _CSS, _e, _figure, _rows, plotly_js
-from ttft.reports.report_data import metadata_rows
+from ttft.reports.html_report import plotly_js
+from ttft.reports.metadata_view import metadata_rows
 from ttft.reports.terminal import FittedTable
 from ttft.reports.terminal_report import _fitted_bars, _legend, _stacked
 from ttft.tracer.schema import STAGE_NAMES
@@ -30,6 +31,8 @@ __all__ = ["goodput_figure", "knee_text", "level_text", "render_sweep", "render_
 STACK_TITLE = "Where TTFT goes as load rises"
 THROUGHPUT_TITLE = "Throughput as load rises"
 GOODPUT_TITLE = "Goodput as load rises"
+_THROUGHPUT_PX = 560
+"""Height of the throughput figure: two panels of about the other charts' plot height."""
 _UNIT = {"rate": "req/s", "concurrency": "in flight"}
 _SHORT = {"TTFT p50 ms": "p50 ms", "TTFT p99 ms": "p99 ms", "output tok/s": "tok/s",
           "goodput": "good", "failed": "fail", "concurrency": "conc."}
@@ -193,8 +196,10 @@ def stack_figure(sweep: dict[str, Any]) -> go.Figure:
 
 
 def throughput_figure(sweep: dict[str, Any]) -> go.Figure:
-    """Completed requests/s and goodput requests/s (left axis) and output tokens/s (right)
-    against load, the knee marked."""
+    """Two panels against load on one x axis: completed requests/s and goodput requests/s
+    above, output tokens/s below, each on its own y axis in its unit, the knee marked. (At
+    a fixed output length tokens/s is requests/s times that length: two lines on one plot,
+    each axis scaled to its own maximum, would lie exactly on top of each other.)"""
     steps = [s for s in sweep["steps"] if s["throughput"]]
     x = _labels(steps)
     fig = go.Figure()
@@ -204,12 +209,17 @@ def throughput_figure(sweep: dict[str, Any]) -> go.Figure:
         fig.add_scatter(x=x, y=[(s["goodput"] or {}).get("per_s") for s in steps],
                         mode="lines+markers", name="requests/s meeting the SLO")
     fig.add_scatter(x=x, y=[s["throughput"]["output_tokens_per_s"] for s in steps],
-                    mode="lines+markers", name="output tokens/s (right axis)", yaxis="y2",
-                    line=dict(dash="dot"))
-    _axes(fig, sweep, steps, THROUGHPUT_TITLE, "from each step's client spans", "requests/s")
-    fig.update_layout(yaxis2=dict(title="output tokens/s", overlaying="y", side="right",
-                                  rangemode="tozero", automargin=True),
-                      legend=_figures._BELOW)
+                    mode="lines+markers", name="output tokens/s (lower panel)", yaxis="y2",
+                    line=dict(color="#7b4fb3"))
+    _axes(fig, sweep, steps, THROUGHPUT_TITLE, "from each step's client spans: requests "
+          "above, output tokens below", "requests/s")
+    fig.update_layout(
+        height=_THROUGHPUT_PX, legend=_figures._BELOW,
+        xaxis=dict(anchor="y2"),  # the level axis under the lower panel, shared by both
+        yaxis=dict(domain=[0.56, 1.0]),
+        yaxis2=dict(title="output tokens/s", domain=[0.0, 0.44], anchor="x",
+                    rangemode="tozero", automargin=True),
+    )
     _mark_knee(fig, sweep, steps)
     return fig
 
@@ -258,6 +268,18 @@ def _settings(sweep: dict[str, Any]) -> list[tuple[str, str]]:
     return metadata_rows({**{key: sweep[key] for key in keys}, "workload": sweep["workload"]})
 
 
+def _settings_line(sweep: dict[str, Any]) -> str:
+    """The folded settings' one-line summary: the workload per step, and how many settings
+    the table holds."""
+    work = sweep["workload"]
+    shown = [f"{'–'.join(map(str, v)) if isinstance(v, list) else v} {what}"
+             for key, what in (("requests", "requests per step"),
+                               ("prompt_tokens", "prompt tokens"),
+                               ("output_tokens", "output tokens"))
+             if (v := work.get(key)) is not None]
+    return "; ".join([*shown, f"{len(_settings(sweep)):,} settings in all"])
+
+
 def render_sweep_html(sweep: dict[str, Any]) -> str:
     """The sweep's page as one string: the steps' table, the three charts (stacked
     attribution, throughput, goodput against load), the knee and the sweep's settings."""
@@ -273,7 +295,9 @@ def render_sweep_html(sweep: dict[str, Any]) -> str:
         _figure(goodput_figure(sweep), "sweep-goodput",
                 f"{GOODPUT_TITLE}: no --slo was given, so no goodput and no knee."),
         "<h2>Sweep settings</h2>",
-        _rows(_settings(sweep), "<tr><th>setting</th><th>value</th></tr>", ' id="settings"'),
+        folded(_settings_line(sweep), _rows(_settings(sweep), "<tr><th>setting</th>"
+                                            "<th>value</th></tr>", ' id="settings"'),
+               "settings-fold"),
     ]
     if sweep["stopped"]:
         sections.insert(3, f'<p class="failures">stopped early: {_e(sweep["stopped"])}</p>')

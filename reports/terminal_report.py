@@ -32,7 +32,8 @@ _MIN_BAR_CHARS = 12
 LETTERS = {
     "client": "c", "connect": "C", "server": "s", "tokenize": "t", "queue": "q",
     "schedule": "S", "batch_wait": "b", "prefill": "p", "prefill.chunk": "P", "sample": "a",
-    "detokenize": "d", "holdback": "h", "deliver": "D", "kv_transfer": "k", "stream": "r",
+    "preempted": "w", "detokenize": "d", "holdback": "h", "deliver": "D", "kv_transfer": "k",
+    "stream": "r",
     "step": "e", "forward": "f", "gpu": "g", "network": "n", "untraced": "x",
     "unattributed": "u", "other": "o", "event": "v",
 }  # fmt: skip

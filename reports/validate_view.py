@@ -1,4 +1,5 @@
-"""``ttft validate`` in the terminal: injected against recovered delay per stage."""
+"""``ttft validate`` in the terminal: injected against recovered delay per stage, and the
+preemption case."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from rich.text import Text
 
 from ttft.reports._text import plain
 from ttft.reports.runs.validate import StageCheck, ValidateResult
+from ttft.reports.runs.validate_preemption import PreemptionCheck
 from ttft.reports.terminal import FittedTable
 
 
@@ -47,4 +49,30 @@ def render_validate(result: ValidateResult) -> Table:
         table.add_row(*_row(check))
     table.add_section()
     table.add_row(*_row(result.ttft, informational=True))
+    return table
+
+
+def _mark(ok: bool) -> Text:
+    return Text("✓", style="green") if ok else Text("✗", style="red")
+
+
+def render_preemption(check: PreemptionCheck) -> Table:
+    """One row per request preempted before its first token: its ``preempted`` time in
+    TTFT, the part of it blame gives to other requests' prefill and decode, and the
+    requests that took its blocks; a row saying so when none was preempted."""
+    table = FittedTable(
+        title=f"preemption: {check.requests} requests, {check.num_blocks} K/V blocks, "
+        f"recompute ({check.preemptions} preemption{'' if check.preemptions == 1 else 's'}; "
+        f"at the server boundary, exclusive)",
+        title_justify="left",
+        short={"in TTFT ms": "TTFT", "blamed ms": "blamed"},
+    )
+    for name in ("request", "in TTFT ms", "blamed ms", "blocks taken by"):
+        table.add_column(name, justify="right" if name.endswith("ms") else "left")
+    table.add_column("ok", justify="center")
+    for req in check.before_first_token:
+        table.add_row(plain(req.request_id), f"{req.preempted_ms:.2f}", f"{req.blamed_ms:.2f}",
+                      plain(", ".join(req.taken_by) or "(not named)"), _mark(req.ok))
+    if not check.before_first_token:
+        table.add_row("(none preempted before its first token)", "", "", "", _mark(False))
     return table

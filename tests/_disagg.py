@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from _build import event, row
 
-from ttft.tracer.schema import ATTR_KV_BLOCKS, ATTR_KV_BYTES
+from ttft.tracer.schema import ATTR_KV_BLOCKS, ATTR_KV_BYTES, ATTR_KV_FIRST_TOKEN
 
 PREFILL_SERVICE, PREFILL_CLOCK = "ttft-prefill", "host:a/prefill"
 DECODE_SERVICE, DECODE_CLOCK = "ttft-server", "host:a"
@@ -55,14 +55,15 @@ def two_workers(trace: int = 1, t0: int = 0, blocks: int = 4) -> list[dict]:
     ]
 
 
-def disaggregate(table: pa.Table) -> pa.Table:
+def disaggregate(table: pa.Table, first_token: str | None = "decode") -> pa.Table:
     """A synthetic trace (``collectors.synthetic``) served disaggregated on one host: each
     request's queue, schedule and prefill spans and every engine step (with its forward and
     gpu spans) move to the prefill worker (service ``ttft-prefill``, host clock
     ``host:synth/prefill``, same epoch); each request with chunks gains a ``kv_transfer``
     under its server span on the decode worker, from the middle of its first chunk to half
     way through its ``sample``, carrying ``ceil(prompt_tokens / 16)`` blocks of
-    `BLOCK_BYTES`."""
+    `BLOCK_BYTES` and, as ttft's engine writes it, ``first_token`` (None: not named)."""
+    side = {} if first_token is None else {ATTR_KV_FIRST_TOKEN: first_token}
     frame = table.to_pandas()
     for name in ("stage", "clock", "service"):
         frame[name] = frame[name].astype(object)
@@ -85,7 +86,8 @@ def disaggregate(table: pa.Table) -> pa.Table:
             "request_id": server["request_id"], "name": "kv_transfer", "stage": "kv_transfer",
             "start_ns": (int(c["first_start"]) + int(c["first_end"])) // 2, "end_ns": end,
             "clock": "host:synth", "service": "engine",
-            "attributes": json.dumps({ATTR_KV_BLOCKS: blocks, ATTR_KV_BYTES: blocks * BLOCK_BYTES},
+            "attributes": json.dumps({ATTR_KV_BLOCKS: blocks,
+                                      ATTR_KV_BYTES: blocks * BLOCK_BYTES, **side},
                                      separators=(",", ":")),
         })
     out = pa.Table.from_pandas(frame, schema=table.schema, preserve_index=False)

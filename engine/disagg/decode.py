@@ -17,8 +17,9 @@ installed, so TTFT includes the transfer; ``prefill`` delivers it as it arrives 
 prefill worker, so the transfer lies after TTFT and shows in the second token's time.
 
 Spans here: ``tokenize``, ``queue`` and ``schedule`` of the decode side (no ``batch_wait``:
-its wait after admission is the transfer), ``kv_transfer`` (attributes ``ttft.kv.blocks``
-and ``ttft.kv.bytes``) from the prefill worker's ``begin_ns`` (the first block handed to
+its wait after admission is the transfer), ``kv_transfer`` (attributes ``ttft.kv.blocks``,
+``ttft.kv.bytes`` and ``ttft.kv.first_token``, the first-token mode, so a trace says it
+without run metadata) from the prefill worker's ``begin_ns`` (the first block handed to
 its channel, on its clock: one host shares the clock, another host needs the clocks
 aligned) to the last block installed, and the ``step`` spans; ``deliver`` starts at the
 prefill worker's ``first_sampled``. The worker's spans come over the channel and go to
@@ -53,7 +54,7 @@ from ttft.engine.policy import StepPlan
 from ttft.engine.stream import RequestState
 from ttft.engine.tokenizer import Tokenizer
 from ttft.tracer import clock_ns, record
-from ttft.tracer.schema import ATTR_KV_BLOCKS, ATTR_KV_BYTES
+from ttft.tracer.schema import ATTR_KV_BLOCKS, ATTR_KV_BYTES, ATTR_KV_FIRST_TOKEN
 
 __all__ = ["API_SIDE_DELAYS", "FIRST_TOKEN_MODES", "DisaggEngine"]
 
@@ -82,7 +83,8 @@ class DisaggEngine(Engine):
             is gone: ``ttft.engine.disagg.shm``).
 
     Raises:
-        ValueError: an unknown ``first_token`` or ``kv_channel``; a ring under one block.
+        ValueError: an unknown ``first_token`` or ``kv_channel``; a ring under one block;
+            ``config.preemption`` other than ``off``.
     """
 
     def __init__(
@@ -102,6 +104,9 @@ class DisaggEngine(Engine):
     ) -> None:
         if first_token not in FIRST_TOKEN_MODES:
             raise ValueError(f"first_token must be one of {FIRST_TOKEN_MODES}, got {first_token!r}")
+        if config is not None and config.preemption != "off":
+            raise ValueError("preemption is not supported by the disaggregated engine "
+                             "(its decode side receives blocks it cannot recompute)")
         super().__init__(model, tokenizer, config, measure_peaks=measure_peaks)
         check_channel(kv_channel, shm_bytes, self.cache)
         self.first_token, self.kv_channel, self.shm_bytes = first_token, kv_channel, shm_bytes
@@ -336,11 +341,7 @@ class DisaggEngine(Engine):
         if req in self._running:
             self._drop(req, ib.error)
             return
-        with self._lock:
-            waiting = req in self._waiting
-            if waiting:
-                self._waiting.remove(req)
-        if waiting:
+        if self._waiting.discard(req):
             self._deliver(req, ib.error)
 
     def _install(self, ib: Inbound) -> None:
@@ -367,7 +368,8 @@ class DisaggEngine(Engine):
         req, n_prompt = ib.req, len(ib.req.prompt_ids)
         assert req.seq is not None and ib.token is not None
         record("kv_transfer", ib.begin_ns, ib.installed_ns, request_id=req.rid,
-               parent=req.parent, **{ATTR_KV_BLOCKS: ib.total, ATTR_KV_BYTES: ib.nbytes})
+               parent=req.parent, **{ATTR_KV_BLOCKS: ib.total, ATTR_KV_BYTES: ib.nbytes,
+                                     ATTR_KV_FIRST_TOKEN: self.first_token})
         token, sampled_ns, cached, state = ib.token
         req.seq.length = req.computed = n_prompt
         req.cached_tokens, req.sampled_ns = cached, sampled_ns

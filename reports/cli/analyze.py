@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from ttft.reports._text import plain
 from ttft.reports.cli._app import (
     analyze_trace,
     app,
@@ -90,8 +92,18 @@ def analyze(
             pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), per_request)
         except OSError as exc:
             raise fail(f"{per_request}: cannot write ({exc.strerror or exc})") from None
+    from ttft.reports.regime_view import profile_line
+
+    # A prefill profile has prefill spans and no requests: its 0 requests and N no_window
+    # defects would describe a request trace that it is not.
+    profile = None if as_json else profile_line(analysis.metadata, analysis.assembly)
+    if profile is not None:
+        stdout_console().print(plain(f"ttft analyze {trace}: {profile}", "bold"))
     if not regime:
-        print_summary(analysis, as_json=as_json)
+        if profile is not None:
+            stdout_console().print(plain("its roofline regime: add --regime"))
+        else:
+            print_summary(analysis, as_json=as_json)
         return
     found = regime_of(
         analysis,
@@ -105,16 +117,18 @@ def analyze(
         return
     from ttft.reports.regime_view import render_regime
 
-    print_summary(analysis)
+    if profile is None:
+        print_summary(analysis)
     render_regime(
         found.frame, found.summary, found.peaks, stdout_console(), device_name=found.device_name
     )
 
 
 def _regime_json(found) -> dict:
-    """The ``regime`` key of ``analyze --json --regime``: the peaks used (or null) and the
-    summary rows (an empty list without a model shape); NaN becomes null."""
-    peaks = found.peaks
+    """The ``regime`` key of ``analyze --json --regime``: the peaks used (or null), how far
+    the chunks went past them (``above_roofline``, `RooflineExcess`'s fields, or null) and
+    the summary rows (an empty list without a model shape); NaN becomes null."""
+    peaks, excess = found.peaks, found.excess
     rows = [] if found.summary is None else json.loads(found.summary.to_json(orient="records"))
     return {
         "peaks": None
@@ -125,6 +139,9 @@ def _regime_json(found) -> dict:
             "device": peaks.device,
             "source": peaks.source,
         },
+        # Chunks above the roofline (no fraction in their rows): the device did at least
+        # the best rates, so no peak above stands as the device's.
+        "above_roofline": None if excess is None else dataclasses.asdict(excess),
         "model_known": found.frame is not None,
         "rows": rows,
     }

@@ -1,5 +1,7 @@
 """``ttft compare A B``: percentile deltas of two traces per condition and stage, with
-bootstrap confidence intervals, and an optional regression gate for CI jobs."""
+bootstrap confidence intervals and Holm-corrected p-values, a warning when the two ran
+under different load, and an optional regression gate for CI jobs that uses the corrected
+decisions."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pandas as pd
 import typer
 from rich.text import Text
 
+from ttft.analysis.compare import CORRECTION, FLOOR_MS, FLOOR_PCT
 from ttft.reports._text import plain
 from ttft.reports.cli._app import analyze_trace, app, err, fail, progress, stdout_console
 from ttft.reports.cli._distributed import compare_in_partitions
@@ -53,6 +56,15 @@ def compare(
     policy: PolicyOption = PolicyName["exclusive"],
     resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples per trace")] = 1000,
     seed: Annotated[int, typer.Option(min=0, help="seed of the bootstrap")] = 0,
+    floor_ms: Annotated[float, typer.Option(
+        metavar="MS", min=0.0, help="practical floor: a smaller delta is never a change"
+    )] = FLOOR_MS,
+    floor_pct: Annotated[float, typer.Option(
+        metavar="PCT", min=0.0, help="practical floor: a delta under PCT percent of A's "
+        "value is never a change"
+    )] = FLOOR_PCT,
+    all_rows: Annotated[bool, typer.Option(
+        "--all", help="show every stage row, not only those that changed")] = False,
     format: FormatOption = None,
     mapping: MappingOption = None,
     slo: SloOption = None,
@@ -60,20 +72,21 @@ def compare(
     scheduler: SchedulerOption = None,
 ) -> None:
     """Compare B against A: TTFT and every stage's p50/p90/p99 per condition (all, cold,
-    prefix_hit), the delta B - A with a bootstrap 95% confidence interval, flagged when the
-    interval excludes zero; then each trace's throughput, end-to-end latency and, with
-    --slo, goodput, with their deltas. With --workers or --scheduler, A and B are partitioned
-    datasets (ttft partition) analysed one partition per Dask task, with exactly the table
-    of one process."""
+    prefix_hit), the delta B - A with a bootstrap 95% confidence interval (blocks of
+    consecutive requests, which are not independent) and a p-value Holm-adjusted over every
+    comparison; a change is flagged when its adjusted p is under 0.05 and it is at least
+    max(--floor-ms, --floor-pct of A). A warning comes first when the two runs had
+    different load (offered or achieved rate, concurrency, output length, prompt lengths).
+    Then each trace's throughput, end-to-end latency and, with --slo, goodput, with their
+    deltas. With --workers or --scheduler, A and B are partitioned datasets (ttft
+    partition) analysed one partition per Dask task, with exactly the table of one process
+    (a dataset's prompt lengths are not compared, with or without workers)."""
     from ttft.analysis.compare import compare as compare_attributions
-    from ttft.analysis.compare import (
-        compare_failures,
-        compare_load,
-        failure_regressions,
-        regressions,
-    )
+    from ttft.analysis.compare import compare_failures, failure_regressions, regressions
+    from ttft.analysis.load_compare import compare_load, load_checks
 
     given = boundary.value if boundary else None
+    prompts = None
     if workers is not None or scheduler is not None:
         results = compare_in_partitions(
             (a, b), boundary=given, policy=policy.value, mapping=mapping, workers=workers,
@@ -84,10 +97,11 @@ def compare(
         summaries = [r.summary for r in results]
         metadata = _dataset_metadata((a, b))
     else:
-        attrs, summaries, metadata = _one_process((a, b), given, policy.value, format,
-                                                  mapping, slo)
+        attrs, summaries, metadata, prompts = _one_process((a, b), given, policy.value, format,
+                                                           mapping, slo)
     chosen = attrs[0].boundary
     load = compare_load(*summaries)
+    checks = load_checks((metadata[0], metadata[1]), (summaries[0], summaries[1]), prompts)
     # A trace whose every request failed has no TTFT to compare, and its failure rate is
     # what a gate must catch: the rates are compared whenever either trace has requests.
     empty = [path for path, attr in zip((a, b), attrs, strict=True) if len(attr.requests) == 0]
@@ -96,16 +110,33 @@ def compare(
             raise fail(f"{path}: no request has a TTFT window at the {chosen} boundary")
     with progress(f"bootstrapping {resamples:,} resamples per trace"):
         table = None if empty else compare_attributions(
-            attrs[0], attrs[1], resamples=resamples, seed=seed, confidence=_CONFIDENCE
+            attrs[0], attrs[1], resamples=resamples, seed=seed, confidence=_CONFIDENCE,
+            floor_ms=floor_ms, floor_pct=floor_pct,
         )
         failures = compare_failures(
             attrs[0], attrs[1], resamples=resamples, seed=seed, confidence=_CONFIDENCE
         )
+    from ttft.reports.compare_view import (
+        render_compare,
+        render_failure_rates,
+        render_header,
+        render_load_compare,
+        render_load_warning,
+        render_method,
+        render_verdict,
+        side_deployments,
+    )
+
+    console = stdout_console()
+    # The warning comes before anything else: on stdout above the tables, on stderr with
+    # --json (whose stdout is the JSON alone).
+    render_load_warning(checks, err if as_json else console)
     for path in empty:
         err.print(plain(f"{path}: no request that did not fail has a TTFT window at the "
                         f"{chosen} boundary: TTFT is not compared, failure rates are"),
                   soft_wrap=True)
     if as_json:
+        rows = [] if table is None else _records(table)
         out = {
             "a": str(a),
             "b": str(b),
@@ -113,7 +144,14 @@ def compare(
             "policy": policy.value,
             "resamples": resamples,
             "seed": seed,
-            "rows": [] if table is None else _records(table),
+            "correction": CORRECTION,
+            "alpha": round(1 - _CONFIDENCE, 10),
+            "floor": {"ms": floor_ms, "pct": floor_pct},
+            "comparisons": sum(r["p_value"] is not None for r in rows),
+            "changed": sum(bool(r["significant"]) for r in rows),
+            "load_differs": any(c["differs"] for c in checks),
+            "load_checks": checks,
+            "rows": rows,
             "failures": _records(failures),
             "slo": {f"{name}_ms": ms for name, ms in slo.items()} if slo else None,
             "load": _records(load),
@@ -124,48 +162,47 @@ def compare(
         sys.stdout.write(json.dumps(out, indent=2, allow_nan=False) + "\n")
     else:
         counts = [attr.requests["condition"].value_counts() for attr in attrs]
-        from ttft.reports.compare_view import (
-            render_compare,
-            render_failure_rates,
-            render_load_compare,
-            side_deployments,
-        )
         from ttft.reports.terminal import slo_text
 
-        console = stdout_console()
+        render_header((str(a), str(b)), chosen, policy.value, attrs, console,
+                      side_deployments(metadata, attrs))
+        if table is not None:
+            render_verdict(table, console, _CONFIDENCE, (floor_ms, floor_pct))
         render_failure_rates(failures, console, _CONFIDENCE)
         if table is not None:
-            render_compare(
-                table, (str(a), str(b)), chosen, policy.value, resamples, seed, attrs, counts,
-                console, _CONFIDENCE, side_deployments(metadata, attrs),
-            )
+            render_compare(table, counts, console, _CONFIDENCE, all_rows)
         good = summaries[0].goodput
         render_load_compare(load, console, slo_text(good["slo"]) if good else None)
+        if table is not None:
+            render_method(table, console, _CONFIDENCE, resamples, seed)
     if max_regression is None:
         return
     lines = [
         f"TTFT p{row.percentile} ({row.condition}) {row.delta_pct:+.1f}% "
-        f"[CI {row.ci_lo_ms:+,.1f}…{row.ci_hi_ms:+,.1f} ms] exceeds {max_regression:g}%"
+        f"[CI {row.ci_lo_ms:+,.1f}…{row.ci_hi_ms:+,.1f} ms, p (Holm) {row.p_holm:.2g}] "
+        f"exceeds {max_regression:g}%"
         for row in (() if table is None else
                     regressions(table, max_regression).itertuples(index=False))
     ] + [
         f"failures ({row.condition}) {row.a_rate:.1%} → {row.b_rate:.1%} "
-        f"[CI of the rise {row.ci_lo_pp:+.1f}…{row.ci_hi_pp:+.1f} points] "
-        f"exceeds {max_regression:g}%"
+        f"[CI of the rise {row.ci_lo_pp:+.1f}…{row.ci_hi_pp:+.1f} points, p (Holm) "
+        f"{row.p_holm:.2g}] exceeds {max_regression:g}%"
         for row in failure_regressions(failures, max_regression).itertuples(index=False)
     ]
     for line in lines:
         err.print(plain(line, "red"), soft_wrap=True)
     if lines:
         raise typer.Exit(code=1)
-    err.print(Text(f"no significant regression over {max_regression:g}%", style="green"))
+    err.print(Text(f"no significant regression over {max_regression:g}% (Holm-corrected, "
+                   f"floor max({floor_ms:g} ms, {floor_pct:g}% of A))", style="green"))
 
 
 def _one_process(paths: tuple[Path, Path], given: str | None, policy: str,
                  format: str | None, mapping: Path | None, slo: dict[str, float] | None
-                 ) -> tuple[list, list, list]:
-    """``(attributions, summaries, run metadata)`` of both traces read and analysed in this
-    process, at ``given``, else at the outermost boundary both support."""
+                 ) -> tuple[list, list, list, tuple | None]:
+    """``(attributions, summaries, run metadata, prompt lengths)`` of both traces read and
+    analysed in this process, at ``given``, else at the outermost boundary both support
+    (prompt lengths None when either is a partitioned dataset)."""
     analyses = [
         analyze_trace(path, boundary=given, policy=policy, format=format, mapping=mapping)
         for path in paths
@@ -177,8 +214,15 @@ def _one_process(paths: tuple[Path, Path], given: str | None, policy: str,
         analyses = [x if x.attribution.boundary == chosen else x.at(chosen) for x in analyses]
     for analysis in analyses if slo else ():
         add_goodput(analysis, slo)
+    from ttft.analysis.load_compare import prompt_tokens
+    from ttft.collectors import is_dataset
+
+    # A partitioned dataset's prompt lengths are not gathered across its partitions (see
+    # `compare`): one process leaves them out too, so both give one answer for one dataset.
+    prompts = None if any(is_dataset(path) for path in paths) else tuple(
+        prompt_tokens(x.assembly) for x in analyses)
     return ([x.attribution for x in analyses], [x.summary for x in analyses],
-            [x.metadata for x in analyses])
+            [x.metadata for x in analyses], prompts)
 
 
 def _dataset_metadata(paths: tuple[Path, Path]) -> list[dict]:

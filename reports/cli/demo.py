@@ -9,9 +9,11 @@ import typer
 from rich.text import Text
 
 from ttft.reports.cli._app import app, err, fail, require_engine, stdout_console
+from ttft.reports.cli._load import print_load
 
 if TYPE_CHECKING:
-    from ttft.reports.runs.demo import Capacity, DemoResult
+    from ttft.reports.runs.capacity import Capacity
+    from ttft.reports.runs.demo import DemoResult
 
 
 @app.command()
@@ -24,28 +26,31 @@ def demo(
     rate: Annotated[
         float | None,
         typer.Option(min=0.01, help="Poisson arrivals per second (default: 60% of the "
-                     "capacity a short probe measures first; giving it skips the probe)"),
+                     "capacity a probe measures first; giving it skips the probe)"),
     ] = None,
     seed: Annotated[int, typer.Option(help="seed for everything random")] = 0,
 ) -> None:
     """Start the reference server in-process on a free loopback port (CPU), trace a mixed
     Poisson workload from the client and the server into one Parquet trace, and print
     where each request's time to first token went; the HTML report goes beside the trace.
-    Unless --rate is given, a short closed loop first measures what this machine serves
-    and the demo offers 60% of it."""
+    Unless --rate is given, a closed loop first measures what this machine serves (until
+    its rate is known to 10%, at most 30 s) and the demo offers 60% of it."""
     require_engine("demo")
     from ttft.reports.cli._progress import RunDisplay
-    from ttft.reports.runs.demo import PROBE_CONCURRENCY, PROBE_S, run_demo
+    from ttft.reports.runs.capacity import PROBE_CONCURRENCY, PROBE_MAX_S, PROBE_TOLERANCE
+    from ttft.reports.runs.demo import run_demo
     from ttft.reports.terminal import render_analysis
 
     err.print(f"starting the reference server (model {model!r}, CPU) on a loopback port")
     if rate is None:
-        err.print(f"measuring capacity: {PROBE_CONCURRENCY} requests in flight for about "
-                  f"{PROBE_S:.0f} s (--rate skips this)")
+        err.print(f"measuring capacity: {PROBE_CONCURRENCY} requests in flight until the rate "
+                  f"is known to {PROBE_TOLERANCE:.0%}, at most {PROBE_MAX_S:.0f} s (--rate "
+                  "skips this)")
     try:
         with RunDisplay(err) as display:
             result = run_demo(out, requests=requests, model=model, rate_per_s=rate, seed=seed,
-                              on_rate=_print_rate, callbacks=display.callbacks())
+                              on_rate=lambda c, r: _print_rate(c, r, requests, seed),
+                              callbacks=display.callbacks())
     except OSError as exc:
         raise fail(f"{out}: {exc.strerror or exc}") from None
     except RuntimeError as exc:
@@ -68,28 +73,41 @@ def demo(
     _print_load(result)
 
 
-def _print_rate(capacity: Capacity | None, rate_per_s: float) -> None:
-    """The capacity the probe measured and the rate the demo offers, before the run."""
-    from ttft.reports.runs.demo import LOAD_FRACTION
+def _print_rate(capacity: Capacity | None, rate_per_s: float, requests: int,
+                seed: int) -> None:
+    """The capacity the probe measured and the rate the demo offers, before the run (and
+    the rate its seeded schedule really offers, where that differs by more than 1%)."""
+    from ttft.reports.runs.capacity import PROBE_TOLERANCE
+    from ttft.reports.runs.demo import LOAD_FRACTION, schedule_rate_per_s
 
+    drawn = schedule_rate_per_s(rate_per_s, requests, seed)
+    schedule = (f"; seed {seed}'s {requests} arrivals come at {drawn:.2f}/s"
+                if drawn is not None and abs(drawn / rate_per_s - 1) > 0.01 else "")
     if capacity is None:
-        err.print(f"offered rate: {rate_per_s:.2f} requests/s (Poisson), as given by --rate")
+        err.print(f"offered rate: {rate_per_s:.2f} requests/s (Poisson), as given by --rate"
+                  f"{schedule}")
         return
-    err.print(f"capacity: {capacity.rate_per_s:.2f} requests/s ({capacity.requests} completed "
-              f"with {capacity.concurrency} in flight in {capacity.seconds:.1f} s)")
+    err.print(f"capacity: {capacity.rate_per_s:.2f} ± {capacity.spread_per_s:.2f} requests/s "
+              f"(95% interval; {capacity.completions} completions after the warm-up, "
+              f"{capacity.concurrency} in flight, probe {capacity.probe_s:.1f} s)")
+    if not capacity.settled:
+        relative = capacity.spread_per_s / capacity.rate_per_s
+        err.print(Text(f"the capacity is known only to ±{relative:.0%} "
+                       f"(the probe stops at {PROBE_TOLERANCE:.0%} or its time limit): this "
+                       "machine is busy or noisy; --rate R sets the load instead",
+                       style="yellow"), soft_wrap=True)
     err.print(f"offered rate: {rate_per_s:.2f} requests/s (Poisson), {LOAD_FRACTION:.0%} of "
-              f"the capacity")
+              f"the capacity{schedule}")
 
 
 def _print_load(result: DemoResult) -> None:
-    """The achieved rate, and one yellow line when any request was shed or failed."""
-    err.print(f"achieved rate: {result.achieved_rate_per_s:.2f} requests/s ({result.completed} "
-              f"of {result.requests} completed in {result.load_s:.1f} s; offered "
-              f"{result.offered_rate_per_s:.2f} requests/s)")
+    """The achieved against the offered rate (one yellow line when the server did not keep
+    up), and one yellow line when any request was shed or failed."""
+    print_load(err, result.load)
     failed = result.errors - result.shed
     parts = ([f"{result.shed} shed (HTTP 429/503)"] if result.shed else []) + (
         [f"{failed} failed"] if failed else [])
     if parts:
         err.print(Text(f"{' and '.join(parts)} of {result.requests} requests: lower the load "
-                       f"with --rate (offered {result.offered_rate_per_s:.2f}/s)",
+                       f"with --rate (offered {result.rate_per_s:.2f}/s)",
                        style="yellow"), soft_wrap=True)

@@ -1,6 +1,7 @@
 """``ttft profile-prefill``: the engine's prefill alone (no server, no decode) at each
 prompt length and chunk size, cold and with prefix reuse, written as a trace; prints time,
-tokens/s, FLOP/s, the regime and the quadratic fit per condition."""
+tokens/s, FLOP/s, the regime and the quadratic fit per condition (a fit under R² 0.9 as
+the points it failed to fit, not as coefficients)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ttft.analysis.prefill import QuadraticFit
-    from ttft.analysis.regime import Peaks
+    from ttft.reports.runs.profile_prefill import ProfileSummary
 
 Preset = Enum("Preset", {p: p for p in ("tiny", "small", "base")}, type=str)  # type: ignore[misc]
 Device = Enum("Device", {d: d for d in ("cpu", "cuda")}, type=str)  # type: ignore[misc]
@@ -127,23 +128,17 @@ def profile_prefill(
         write_trace(output, run.table, run.metadata)
     except OSError as exc:
         raise fail(f"{output}: cannot write ({exc.strerror or exc})") from None
-    rows, fits, peaks = profile_summary(run)
-    _render(run.metadata, rows, fits, peaks, stdout_console())
+    _render(run.metadata, profile_summary(run), stdout_console())
     err.print(
         f"wrote {output}: {len(run.runs)} timed runs, {run.table.num_rows:,} spans "
         f"in {time.perf_counter() - started:.1f} s"
     )
 
 
-def _render(
-    metadata: dict[str, Any],
-    rows: pd.DataFrame,
-    fits: dict[tuple[str, int], QuadraticFit | None],
-    peaks: Peaks | None,
-    console: Console,
-) -> None:
-    from ttft.reports.regime_view import fmt_bound, fmt_si, peaks_line
+def _render(metadata: dict[str, Any], summary: ProfileSummary, console: Console) -> None:
+    from ttft.reports.regime_view import excess_line, fmt_bound, fmt_si, peaks_line
 
+    rows, peaks = summary.rows, summary.peaks
     config, device = metadata["model_config"], metadata["device"]
     console.print(
         plain(
@@ -154,6 +149,8 @@ def _render(
     )
     if peaks is not None:
         console.print(peaks_line(peaks))
+        if summary.excess is not None:
+            console.print(excess_line(summary.excess, peaks, unit="prefill chunks"))
     for condition in ("cold", "prefix_hit"):
         part = rows[rows["condition"] == condition]
         if part.empty:
@@ -171,21 +168,60 @@ def _render(
                 f"{r.tokens_per_s:,.0f}",
                 fmt_si(r.flops_per_s, "FLOP/s"),
                 f"{r.intensity:.3g}",
-                fmt_bound(r.bound, r.roofline_fraction),
+                fmt_bound(r.bound, r.roofline_fraction, bool(r.above_roofline)),
             )
         console.print(table)
         for chunk in dict.fromkeys(metadata["chunk_sizes"]):
-            fit = fits.get((condition, chunk))
-            label = f"fit, chunk {chunk} (n = tokens computed)"
-            if fit is None:
-                console.print(f"  {label}: needs 3 or more distinct lengths")
-                continue
-            a_ms = f"{fit.a_ns / 1e6:.4g}".replace("-", "−")
-            console.print(
-                f"  {label}: time ≈ {a_ms} ms {_signed(fit.b_ns_per_token / 1e3)} "
-                f"µs·n {_signed(fit.c_ns_per_token2)} ns·n²  (R² {fit.r2:.4f}, "
-                f"{fit.points} runs)"
+            _print_fit(console, chunk, summary.fits.get((condition, chunk)), part)
+
+
+def _print_fit(console: Console, chunk: int, fit: QuadraticFit | None, part: pd.DataFrame
+               ) -> None:  # fmt: skip
+    """One fit line: the formula where it explains the times (R² ≥ ``FIT_MIN_R2``, with a
+    word on any negative term), else the median times it failed to fit. ``part`` is the
+    condition's rows of `profile_summary`; the fit's are those run at ``chunk`` (or the
+    whole prompt, when shorter)."""
+    from ttft.reports.report_data import FIT_MIN_R2
+
+    label = f"fit, chunk {chunk} (n = tokens computed)"
+    if fit is None:
+        console.print(f"  {label}: needs 3 or more distinct lengths")
+        return
+    used = part[part["chunk_size"] == part["computed_tokens"].clip(upper=chunk)]
+    if fit.r2 < FIT_MIN_R2:
+        medians = ", ".join(
+            f"n {r.computed_tokens:,}: {r.time_ns / 1e6:,.2f} ms"
+            for r in used.sort_values("computed_tokens").itertuples(index=False)
+        )
+        console.print(
+            plain(
+                f"  {label}: no good quadratic fit (R² {fit.r2:.2f}, under {FIT_MIN_R2:g}, "
+                f"{fit.points} runs): the times vary too much to follow a + b·n + c·n²; "
+                f"medians {medians}",
+                "yellow",
             )
+        )
+        return
+    a_ms = f"{fit.a_ns / 1e6:.4g}".replace("-", "−")
+    console.print(
+        f"  {label}: time ≈ {a_ms} ms {_signed(fit.b_ns_per_token / 1e3)} "
+        f"µs·n {_signed(fit.c_ns_per_token2)} ns·n²  (R² {fit.r2:.4f}, "
+        f"{fit.points} runs)"
+    )
+    if fit.negative_terms:
+        names = " and ".join(f"{n} ({_TERM_MEANING[n]})" for n in fit.negative_terms)
+        lo, hi = used["computed_tokens"].min(), used["computed_tokens"].max()
+        console.print(
+            plain(
+                f"    negative {names}: no prefill costs less than nothing; the formula "
+                f"fits the {lo:,}–{hi:,} tokens measured and is no cost model to read "
+                "outside them",
+                "yellow",
+            )
+        )
+
+
+_TERM_MEANING = {"a": "fixed cost", "b": "cost per token", "c": "cost per token pair"}
 
 
 def _signed(value: float) -> str:

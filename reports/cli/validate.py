@@ -43,7 +43,13 @@ def validate(
         typer.Option(help="serve a prefill worker process and the decode worker (the first "
                      "token after the K/V transfer), so kv_transfer can be delayed too"),
     ] = False,
-    out: Annotated[Path, typer.Option("-o", "--out", help="folder for the two traces")] = Path(
+    preemption: Annotated[
+        bool,
+        typer.Option(help="then run the preemption case: a K/V pool too small for its "
+                     "requests, recompute preemption on, the preempted stage checked in "
+                     "TTFT and blame (not with --disaggregate)"),
+    ] = True,
+    out: Annotated[Path, typer.Option("-o", "--out", help="folder for the traces")] = Path(
         "ttft-validate"
     ),
     seed: Annotated[int, typer.Option(help="seed for the weights and the prompts")] = 0,
@@ -51,7 +57,7 @@ def validate(
     """Run the reference engine at concurrency 1 without, then with, known delays in
     chosen stages; check at the server boundary that each stage's median attributed time
     rose by the injected delay within max(1 ms, 5 %). Exit 0 when every delay is
-    recovered, 1 on a miss, 2 on bad input."""
+    recovered (and the preemption case passes), 1 on a miss, 2 on bad input."""
     require_engine("validate")
     from ttft.engine.model import ModelConfig
     from ttft.reports.runs.validate import (
@@ -70,25 +76,31 @@ def validate(
         raise fail(str(exc)) from None
     if not delays:
         raise fail("no delay to inject: give at least one --delay STAGE=MS")
+    preemption = preemption and not disaggregate  # the disaggregated engine never preempts
     stages = ", ".join(f"{s}={ms:g}" for s, ms in delays.items())
     mode = " disaggregated" if disaggregate else ""
+    case = ", then the preemption case" if preemption else ""
     try:
         with progress(f"validating {model!r}{mode}: {requests} requests without, then with "
-                      f"{stages}"):
+                      f"{stages}{case}"):
             result = run_validate(out, requests=requests, model=model, delays_ms=delays,
-                                  seed=seed, disaggregate=disaggregate)
+                                  seed=seed, disaggregate=disaggregate, preemption=preemption)
     except OSError as exc:
         raise fail(f"{out}: {exc.strerror or exc}") from None
-    from ttft.reports.validate_view import render_validate
+    from ttft.reports.validate_view import render_preemption, render_validate
 
     stdout_console().print(render_validate(result))
+    if result.preemption is not None:
+        stdout_console().print(render_preemption(result.preemption))
     for line in result.failures:
         err.print(plain(line, "red"))
     misses = [c.stage for c in result.stages if not c.ok]
+    misses += [] if result.preemption is None or result.preemption.ok else ["preemption"]
     verdict = (
         plain(f"missed: {', '.join(misses)}", "red")
         if misses
-        else Text(f"all {len(result.stages)} delays recovered")
+        else Text(f"all {len(result.stages)} delays recovered"
+                  + (", preemption checked" if result.preemption is not None else ""))
     )
     err.print(
         Text.assemble(
@@ -96,6 +108,7 @@ def validate(
             plain(
                 f" ({result.seconds:.1f} s); the TTFT row is informational (prefill varies "
                 f"between phases); traces: {result.baseline.trace}, {result.injected.trace}"
+                + (f", {result.preemption.trace}" if result.preemption is not None else "")
             ),
         )
     )

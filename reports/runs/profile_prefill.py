@@ -8,7 +8,8 @@ chunk (attributes ``step_id``, ``chunk_tokens``, ``cached_tokens``, ``context_to
 the engine records them), so ``analysis.prefill`` and ``analysis.regime`` read it as they read
 an engine's trace (it holds no TTFT window: there is no request around a prefill). The run
 metadata holds ``model_config`` (with ``dtype``) and ``device`` (peaks measured on this
-machine by ``ttft.engine.peaks``), which ``ttft.analysis.regime`` needs.
+machine by ``ttft.engine.peaks``, before the profile and again after it, the best of both),
+which ``ttft.analysis.regime`` needs.
 """
 
 from __future__ import annotations
@@ -25,14 +26,31 @@ import pyarrow as pa
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.prefill import QuadraticFit, fit_quadratic, prefill_points
-from ttft.analysis.regime import ModelShape, Peaks, find_peaks, regime
+from ttft.analysis.regime import (
+    ModelShape,
+    Peaks,
+    RooflineExcess,
+    find_peaks,
+    regime,
+    roofline_excess,
+    roofline_place,
+)
 from ttft.collectors import span_rows, to_span_table
+from ttft.engine.peaks import best_peaks, measure_peaks
 from ttft.engine.profile import TIMING, PrefillProfile, ProfileSpec, TimedRun, measure_prefill
 
-__all__ = ["DEFAULT_LENGTHS", "ProfileRun", "ProfileSpec", "profile_summary", "run_profile"]
+__all__ = [
+    "DEFAULT_LENGTHS",
+    "ProfileRun",
+    "ProfileSpec",
+    "ProfileSummary",
+    "profile_summary",
+    "run_profile",
+]
 
 DEFAULT_LENGTHS = (128, 512, 2048, 4096)
 SERVICE = "ttft-profile"
+AFTER_BUDGET_S = 1.0  # the peaks measured again after the profile, the machine less busy
 RUN_COLUMNS = ("trace_id", "condition", "length", "chunk_size", "cached_tokens", "repeat")
 
 
@@ -85,14 +103,14 @@ class _Spans:
         return trace_id, condition, length, chunk, first.cached_tokens, repeat
 
 
-def _metadata(profile: PrefillProfile) -> dict[str, Any]:
+def _metadata(profile: PrefillProfile, device: dict[str, Any]) -> dict[str, Any]:
     """The trace's run metadata: the spec, the model config and the measured device."""
     spec = profile.spec
     return {
         "tool": "ttft profile-prefill",
         "model": spec.model,
         "model_config": profile.model_config,
-        "device": profile.device,
+        "device": device,
         "lengths": list(spec.lengths),
         "chunk_sizes": list(spec.chunk_sizes),
         "prefix_reuse": spec.prefix_reuse,
@@ -108,7 +126,9 @@ def _metadata(profile: PrefillProfile) -> dict[str, Any]:
 
 def run_profile(spec: ProfileSpec, on_step: Callable[[str], None] | None = None) -> ProfileRun:
     """Run the profile (``ttft.engine.profile.measure_prefill``: its cases, warm-up and
-    repeats) and write it as spans, one trace per timed run.
+    repeats) and write it as spans, one trace per timed run. The device's peaks are
+    measured again after it (``AFTER_BUDGET_S``) and the best of both kept
+    (``ttft.engine.peaks.best_peaks``): one measurement on a busy machine understates them.
 
     Args:
         on_step: called with a short description before each length.
@@ -117,25 +137,42 @@ def run_profile(spec: ProfileSpec, on_step: Callable[[str], None] | None = None)
         ValueError: as `ProfileSpec.check`.
     """
     profile = measure_prefill(spec, on_step)
+    if on_step is not None:
+        on_step("measuring the device's peaks again")
+    device = best_peaks(profile.device, measure_peaks(spec.device, AFTER_BUDGET_S))
     spans = _Spans()
     runs = [spans.run(run) for run in profile.runs]
     frame = pd.DataFrame(runs, columns=list(RUN_COLUMNS))
-    return ProfileRun(to_span_table(spans.rows), _metadata(profile), frame)
+    return ProfileRun(to_span_table(spans.rows), _metadata(profile, device), frame)
 
 
-def profile_summary(
-    run: ProfileRun,
-) -> tuple[pd.DataFrame, dict[tuple[str, int], QuadraticFit | None], Peaks | None]:
+@dataclass
+class ProfileSummary:
+    """What ``ttft profile-prefill`` prints (`profile_summary`).
+
+    Attributes:
+        rows: per (condition, length, chunk size), the median run.
+        fits: per (condition, requested chunk size), the quadratic fit or None.
+        peaks: the metadata's peaks, None without any.
+        excess: how far the chunks went past those peaks (None when none did).
+    """
+
+    rows: pd.DataFrame
+    fits: dict[tuple[str, int], QuadraticFit | None]
+    peaks: Peaks | None
+    excess: RooflineExcess | None
+
+
+def profile_summary(run: ProfileRun) -> ProfileSummary:
     """Per (condition, length, chunk size): the median over repeats of the run's compute
     time (its chunks' durations summed, ``analysis.prefill``), tokens/s of the tokens it
-    computed, its FLOPs, FLOP/s, intensity, bound and roofline fraction (from
-    ``analysis.regime`` over the trace, against the metadata's measured peaks); and the
-    quadratic fit ``time ≈ a + b·n + c·n²`` (n = computed tokens, every timed run a point)
-    per condition and requested chunk size, over the runs that used that chunk size (or
-    the whole prompt, when shorter); None where it has under 3 distinct lengths.
-
-    Returns:
-        ``(rows, fits, peaks)``.
+    computed, its FLOPs, FLOP/s, intensity, bound, roofline fraction and whether it ran
+    above its roofline (``analysis.regime.roofline_place`` against the metadata's measured
+    peaks: no fraction then); and the quadratic fit ``time ≈ a + b·n + c·n²`` (n =
+    computed tokens, every timed run a point) per condition and requested chunk size,
+    over the runs that used that chunk size (or the whole prompt, when shorter); None
+    where it has under 3 distinct lengths. ``excess`` is ``roofline_excess`` of every
+    chunk of the trace.
     """
     peaks = find_peaks(run.metadata)
     shape = ModelShape.from_dict(run.metadata["model_config"])
@@ -167,13 +204,8 @@ def profile_summary(
             flops=flops,
             flops_per_s=achieved,
             intensity=intensity,
-            bound=None,
-            roofline_fraction=float("nan"),
+            **roofline_place(peaks, intensity, achieved),
         )
-        if peaks is not None:
-            attainable = min(peaks.flops_per_s, intensity * peaks.bytes_per_s)
-            row["bound"] = "compute" if intensity >= peaks.ridge else "memory"
-            row["roofline_fraction"] = achieved / attainable
         rows.append(row)
     fits: dict[tuple[str, int], QuadraticFit | None] = {}
     todo = runs["length"] - runs["cached_tokens"]
@@ -183,4 +215,4 @@ def profile_summary(
                 (runs["condition"] == condition) & (runs["chunk_size"] == todo.clip(upper=c))
             ]
             fits[(condition, c)] = fit_quadratic(pick["computed_tokens"], pick["compute_ns"])
-    return pd.DataFrame(rows), fits, peaks
+    return ProfileSummary(pd.DataFrame(rows), fits, peaks, roofline_excess(frame, peaks))

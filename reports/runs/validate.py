@@ -18,6 +18,11 @@ With ``disaggregate`` both phases serve a ``DisaggEngine`` (a prefill worker pro
 decode worker in this process, the first token delivered from the decode side, so TTFT
 includes the transfer), whose worker's spans join the phase's trace; ``kv_transfer`` can
 then be delayed too (``DISAGG_DEFAULT_DELAYS_MS``), and is refused otherwise.
+
+With ``preemption`` a third run follows: a K/V pool too small for its requests, recompute
+preemption on, and the ``preempted`` stage checked in TTFT and in blame
+(``ttft.reports.runs.validate_preemption``; not with ``disaggregate``, whose engine does
+not preempt).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from ttft.analysis.pipeline import analyze
 from ttft.collectors import TraceWriter, loadgen, read_spans, workloads
 from ttft.collectors.otel_exporter import ParquetSpanExporter
 from ttft.engine.faults import DELAY_STAGES as ENGINE_DELAY_STAGES
+from ttft.reports.runs.validate_preemption import PreemptionCheck, run_preemption_case
 from ttft.tracer import configure
 from ttft.tracer.schema import OUTCOME_OK
 
@@ -167,6 +173,7 @@ class ValidateResult:
         baseline, injected: the two phases.
         seconds: wall time of the whole run.
         failures: one line per phase with failed requests.
+        preemption: the preemption case, when it ran.
     """
 
     stages: list[StageCheck]
@@ -175,13 +182,16 @@ class ValidateResult:
     injected: PhaseRun
     seconds: float
     failures: list[str] = field(default_factory=list)
+    preemption: PreemptionCheck | None = None
 
     @property
     def ok(self) -> bool:
-        """Every stage recovered within tolerance and no request failed. (A request
-        without a ``server`` window, e.g. one whose first token was EOS, only drops out
-        of the medians; with none left the medians are NaN and the checks fail.)"""
-        return all(s.ok for s in self.stages) and not self.failures
+        """Every stage recovered within tolerance, no request failed and the preemption
+        case, when it ran, passed. (A request without a ``server`` window, e.g. one whose
+        first token was EOS, only drops out of the medians; with none left the medians are
+        NaN and the checks fail.)"""
+        case_ok = self.preemption is None or self.preemption.ok
+        return all(s.ok for s in self.stages) and not self.failures and case_ok
 
 
 def _run_phase(
@@ -276,6 +286,7 @@ def run_validate(
     device: str = "cpu",
     applied_delays_ms: Mapping[str, float] | None = None,
     disaggregate: bool = False,
+    preemption: bool = False,
 ) -> ValidateResult:
     """Run the baseline and the injected phase and compare medians stage by stage.
 
@@ -290,13 +301,14 @@ def run_validate(
             they should differ from ``delays_ms`` (which stays what is expected): a way
             to see that a wrong claim is caught.
         disaggregate: serve a disaggregated engine (module docstring).
+        preemption: run the preemption case after the two phases (module docstring).
 
     Returns:
         The checks; ``ok`` says whether every stage was recovered.
 
     Raises:
         ValueError: an unknown stage, a negative delay, ``requests < 1``, an unknown
-            model preset.
+            model preset, ``preemption`` with ``disaggregate``.
         OSError: ``out_dir`` cannot be written.
     """
     expected = check_delays(delays_ms, disaggregate=disaggregate)
@@ -304,6 +316,9 @@ def run_validate(
                else check_delays(applied_delays_ms, disaggregate=disaggregate))
     if requests < 1:
         raise ValueError(f"requests must be >= 1, got {requests}")
+    if preemption and disaggregate:
+        raise ValueError("the preemption case needs the co-located engine: drop "
+                         "--disaggregate or add --no-preemption")
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     items = workloads.generated_prompts(
@@ -332,4 +347,9 @@ def run_validate(
         for phase in (base, inj)
         if phase.errors
     ]
-    return ValidateResult(stages, ttft, base, inj, time.perf_counter() - started, failures)
+    case = (run_preemption_case(out_dir, model=model, device=device, seed=seed)
+            if preemption else None)
+    if case is not None and case.errors:
+        failures.append(f"preemption: {case.errors} of {case.requests} requests failed")
+    return ValidateResult(stages, ttft, base, inj, time.perf_counter() - started, failures,
+                          case)

@@ -336,5 +336,38 @@ def test_batch_wait_split_like_the_queue_with_own_chunk_tokens_off():
         expect(1, "queue", idle=90),
         expect(1, "batch_wait", prefill=7, decode=10 + 3, idle=20 + 10),
     ]
-    assert WAITS == ("queue", "batch_wait", "kv_transfer", "between_chunks")
+    assert WAITS == ("queue", "batch_wait", "preempted", "kv_transfer", "between_chunks")
 
+
+
+def test_preempted_time_is_split_by_the_steps_that_ran_and_ends_a_run_of_chunks():
+    # Preempted after one chunk, admitted again at 140: its recompute's chunks are a run of
+    # their own, so the 140 ns from its first chunk to its next are no between_chunks gap.
+    rows = [
+        row(1, 1, "prefill.chunk", 0, 10, request_id="b", step_id=1, chunk_tokens=8),
+        row(1, 2, "preempted", 20, 120, request_id="b", preempted_by=["a"]),
+        row(1, 3, "prefill.chunk", 150, 160, request_id="b", step_id=9, chunk_tokens=16),
+        row(1, 4, "prefill.chunk", 170, 180, request_id="b", step_id=10, chunk_tokens=16),
+        step(1, 0, 10, step_id=1, prefill_tokens=8, decode_tokens=0),
+        step(2, 30, 70, step_id=2, prefill_tokens=0, decode_tokens=4),  # a's decode
+        step(3, 80, 100, step_id=3, prefill_tokens=30, decode_tokens=10),
+        step(4, 150, 160, step_id=9, prefill_tokens=16, decode_tokens=0),
+        step(5, 170, 180, step_id=10, prefill_tokens=16, decode_tokens=0),
+    ]
+    # [30,70) decode 40; [80,100): floor(20*30/40) = 15 prefill, 5 decode; 40 idle.
+    assert records(blame(assemble(table(rows)))) == [
+        expect(1, "preempted", prefill=15, decode=45, idle=40, request_id="b"),
+        expect(1, "between_chunks", idle=10, request_id="b"),
+    ]
+
+
+def test_without_the_preempted_span_the_same_chunks_leave_one_gap_per_pair():
+    rows = [
+        row(1, 1, "prefill.chunk", 0, 10, request_id="b", step_id=1, chunk_tokens=8),
+        row(1, 3, "prefill.chunk", 150, 160, request_id="b", step_id=9, chunk_tokens=16),
+        row(2, 1, "preempted", 20, 120, request_id="c"),  # another request's: no cut
+        row(2, 2, "prefill.chunk", 130, 140, request_id="c", step_id=8, chunk_tokens=8),
+    ]
+    found = {r["request_id"]: r for r in records(blame(assemble(table(rows))))
+             if r["wait"] == "between_chunks"}
+    assert found == {"b": expect(1, "between_chunks", idle=140, request_id="b")}

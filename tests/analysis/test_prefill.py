@@ -95,6 +95,15 @@ def test_exact_quadratic_and_constant_times():
     assert flat.b_ns_per_token == pytest.approx(0.0, abs=1e-9)
 
 
+def test_negative_terms_are_named():
+    n = np.array([128, 512, 2048])
+    fit = fit_quadratic(n, 1e6 - 600.0 * n + 11.0 * n * n)  # an exact fit with b < 0
+    assert fit.negative_terms == ("b",)
+    assert fit_quadratic(n, 1e6 + 600.0 * n + 11.0 * n * n).negative_terms == ()
+    both = QuadraticFit(a_ns=-1.0, b_ns_per_token=2.0, c_ns_per_token2=-3.0, r2=0.5, points=3)
+    assert both.negative_terms == ("a", "c")
+
+
 def test_fewer_than_three_distinct_token_counts_give_none():
     assert fit_quadratic(np.array([10, 10, 20, 20]), np.array([1.0, 2.0, 3.0, 4.0])) is None
     assert fit_quadratic(np.array([]), np.array([])) is None

@@ -18,6 +18,7 @@ from ttft.analysis.regime import (
     SUMMARY_COLUMNS,
     ModelShape,
     Peaks,
+    RooflineExcess,
     chunk_bucket,
     chunk_cost,
     find_model_and_device,
@@ -25,6 +26,8 @@ from ttft.analysis.regime import (
     known_gpu,
     regime,
     regime_summary,
+    roofline_excess,
+    roofline_place,
 )
 from ttft.engine.model import ModelConfig
 
@@ -94,7 +97,7 @@ def chunk_table(durations_ns: list[int]) -> tuple:
 
 
 def test_regime_frame_is_exact_for_made_up_durations():
-    peaks = Peaks(flops_per_s=1e5, bytes_per_s=1e4, device="made-up", source="flags")
+    peaks = Peaks(flops_per_s=1e12, bytes_per_s=1e11, device="made-up", source="flags")
     frame = regime(assemble(chunk_table([1000, 2000, 0])), HAND, peaks)
     assert list(frame.columns) == list(FRAME_COLUMNS)
     assert frame["trace_id"].tolist() == [tid(1), tid(1), tid(2)]
@@ -109,10 +112,57 @@ def test_regime_frame_is_exact_for_made_up_durations():
     assert frame["intensity"].iloc[0] == intensity
     assert frame["ridge"].tolist() == [10.0] * 3
     assert frame["bound"].tolist() == ["memory"] * 3  # the hand model is tiny: ~1 FLOP/B
-    assert frame["attainable_flops_per_s"].iloc[0] == min(1e5, intensity * 1e4)
+    assert frame["attainable_flops_per_s"].iloc[0] == min(1e12, intensity * 1e11)
     assert frame["achieved_flops_per_s"].iloc[0] == f / 1e-6
-    assert frame["roofline_fraction"].iloc[0] == (f / 1e-6) / (intensity * 1e4)
+    assert frame["roofline_fraction"].iloc[0] == (f / 1e-6) / (intensity * 1e11)
+    assert frame["above_roofline"].tolist() == [False] * 3
     assert math.isnan(frame["achieved_flops_per_s"].iloc[2])  # zero duration
+    assert math.isnan(frame["roofline_fraction"].iloc[2])
+
+
+def test_a_chunk_above_its_roofline_gets_no_fraction_and_the_excess_names_the_best_rate():
+    # Peaks measured under load: 1.4 MFLOP/s and 0.1 MB/s, while the chunks did ~1 GFLOP/s.
+    peaks = Peaks(flops_per_s=1.4e6, bytes_per_s=1e5, device="cpu", source="measured")
+    frame = regime(assemble(chunk_table([1000, 2000, 10**9])), HAND, peaks)
+    achieved = frame["achieved_flops_per_s"].tolist()
+    attainable = frame["attainable_flops_per_s"].tolist()
+    assert [a > b for a, b in zip(achieved, attainable, strict=True)] == [True, True, False]
+    assert frame["above_roofline"].tolist() == [True, True, False]
+    fractions = frame["roofline_fraction"].tolist()
+    assert math.isnan(fractions[0]) and math.isnan(fractions[1])
+    assert fractions[2] == achieved[2] / attainable[2] < 1
+    excess = roofline_excess(frame)
+    seconds = np.array([1000, 2000, 10**9]) / 1e9
+    assert excess == RooflineExcess(
+        chunks=2, of_chunks=3, best_flops_per_s=max(achieved),
+        best_bytes_per_s=float(np.max(frame["bytes"].to_numpy() / seconds)),
+        flops=True, bytes=True,
+    )  # fmt: skip
+    summary = regime_summary(frame)
+    cold = summary[(summary["condition"] == "cold") & (summary["chunk_bucket"] == "all")]
+    assert cold["above_roofline"].tolist() == [True]
+    assert cold["roofline_fraction"].isna().all()
+    assert (summary["roofline_fraction"].dropna() <= 1).all()
+    # On (or under) the roofline everywhere: no excess.
+    assert roofline_excess(frame, Peaks(1e15, 1e15, "cpu", "measured")) is None
+    assert roofline_excess(regime(assemble(chunk_table([1, 2, 3])), HAND, None)) is None
+
+
+def test_roofline_place_of_scalars_and_arrays():
+    peaks = Peaks(flops_per_s=100.0, bytes_per_s=10.0, device="x", source="flags")  # ridge 10
+    assert roofline_place(peaks, 20.0, 50.0) == {
+        "bound": "compute", "attainable_flops_per_s": 100.0, "roofline_fraction": 0.5,
+        "above_roofline": False,
+    }  # fmt: skip
+    over = roofline_place(peaks, 2.0, 30.0)  # memory-bound: attainable 2 × 10 = 20
+    assert (over["bound"], over["attainable_flops_per_s"], over["above_roofline"]) == (
+        "memory", 20.0, True)  # fmt: skip
+    assert math.isnan(over["roofline_fraction"])
+    out = roofline_place(peaks, np.array([20.0, 2.0]), np.array([np.nan, 10.0]))
+    assert out["above_roofline"].tolist() == [False, False]
+    assert math.isnan(out["roofline_fraction"][0]) and out["roofline_fraction"][1] == 0.5
+    none = roofline_place(None, 20.0, 50.0)
+    assert none["bound"] is None and none["above_roofline"] is False
 
 
 def test_regime_without_peaks_or_chunks():
@@ -140,7 +190,7 @@ def test_regime_names_chunks_by_their_request():
 
 def test_summary_per_condition_and_bucket():
     big = ModelShape.from_dict(dataclasses.asdict(ModelConfig.preset("small")), dtype="float32")
-    peaks = Peaks(1e11, 1e10, "cpu", "measured")
+    peaks = Peaks(1e18, 1e17, "cpu", "measured")  # above what the made-up durations achieve
     frame = regime(assemble(chunk_table([1000, 2000, 3000])), big, peaks)
     summary = regime_summary(frame)
     assert list(summary.columns) == list(SUMMARY_COLUMNS)
@@ -153,9 +203,10 @@ def test_summary_per_condition_and_bucket():
     flops, nbytes = frame["flops"][:2].sum(), frame["bytes"][:2].sum()
     assert (cold["chunks"], cold["tokens"]) == (2, 6)
     assert cold["achieved_flops_per_s"] == flops / (3000 / 1e9)
-    assert cold["attainable_flops_per_s"] == min(1e11, flops / nbytes * 1e10)
+    assert cold["attainable_flops_per_s"] == min(1e18, flops / nbytes * 1e17)
     achieved, attainable = cold["achieved_flops_per_s"], cold["attainable_flops_per_s"]
-    assert cold["roofline_fraction"] == achieved / attainable
+    assert cold["roofline_fraction"] == achieved / attainable < 1
+    assert not summary["above_roofline"].any()
     assert cold["bound"] == "memory" and cold["ridge"] == 10.0
     assert [chunk_bucket(n) for n in (1, 2, 3, 4, 255, 256, 1024)] == [
         "1", "2-3", "2-3", "4-7", "128-255", "256-511", "1024-2047"]  # fmt: skip
@@ -212,3 +263,13 @@ def test_find_model_and_device_reads_metadata_then_the_engine_info_event():
         {"name": "NVIDIA L4", "type": "cuda:0"},
     )
     assert find_model_and_device(None, None) == (None, None)
+
+
+def test_summary_leaves_out_all_when_every_chunk_has_one_condition():
+    frame = regime(assemble(chunk_table([1000, 2000, 3000])), HAND, H100)
+    cold = frame[frame["condition"] == "cold"]
+    summary = regime_summary(cold, H100)
+    assert list(zip(summary["condition"], summary["chunk_bucket"], strict=True)) == [
+        ("cold", "2-3"), ("cold", "4-7"), ("cold", "all")]  # fmt: skip
+    unknown = cold.assign(condition=None)  # chunks of no known condition: only "all"
+    assert set(regime_summary(unknown, H100)["condition"]) == {"all"}

@@ -13,7 +13,12 @@ from _disagg import BLOCK_BYTES, DECODE, METADATA_COLOCATED, METADATA_DISAGG, tw
 
 from ttft.analysis import analyze
 from ttft.analysis.transfer import COLUMNS, deployment, transfer_summary, transfers
-from ttft.tracer.schema import ATTR_ESTIMATED, ATTR_KV_BLOCKS, ATTR_KV_BYTES
+from ttft.tracer.schema import (
+    ATTR_ESTIMATED,
+    ATTR_KV_BLOCKS,
+    ATTR_KV_BYTES,
+    ATTR_KV_FIRST_TOKEN,
+)
 
 
 def four_requests() -> list[dict]:
@@ -76,6 +81,7 @@ def test_the_summary_counts_estimates_and_takes_bandwidth_from_measured_transfer
         "bytes_per_s": {"p50": pytest.approx((one + two) / 2), "p90": pytest.approx(
             one + 0.9 * (two - one)), "min": one, "max": two, "requests": 2},
         "aggregate_bytes_per_s": 12 * BLOCK_BYTES * 1e9 / 90,
+        "first_token": {},
     }
     assert json.loads(summary.to_json())["kv_transfer"]["requests"] == 4
 
@@ -103,3 +109,25 @@ def test_deployment_names_what_the_run_metadata_says():
     assert deployment({"engine": {"disaggregated": {}}}) == "disaggregated"
     assert deployment({"generator": "synthetic"}) is None
     assert deployment({"engine": "not a mapping"}) is None
+
+
+def test_each_transfer_names_the_side_its_spans_say_sent_the_first_token():
+    """``ttft.kv.first_token`` on a request's transfer spans (the first that names one), as
+    counts per side in the summary; a request whose spans name none counts for no side."""
+    rows = [r for r in two_workers(1) + two_workers(2, 1000) + two_workers(3, 2000)
+            if r["name"] != "kv_transfer"]
+    rows += [
+        row(1, 120, "kv_transfer", 30, 50, parent=102, **DECODE,
+            **{ATTR_KV_BLOCKS: 1, ATTR_KV_BYTES: 1000, ATTR_KV_FIRST_TOKEN: "decode"}),
+        row(2, 220, "kv_transfer", 1030, 1050, parent=202, **DECODE,
+            **{ATTR_KV_BLOCKS: 1, ATTR_KV_BYTES: 1000}),
+        row(2, 221, "kv_transfer", 1055, 1060, parent=202, **DECODE,
+            **{ATTR_KV_BLOCKS: 1, ATTR_KV_BYTES: 1000, ATTR_KV_FIRST_TOKEN: "prefill"}),
+        row(3, 320, "kv_transfer", 2030, 2050, parent=302, **DECODE,
+            **{ATTR_KV_BLOCKS: 1, ATTR_KV_BYTES: 1000, ATTR_KV_FIRST_TOKEN: "elsewhere"}),
+    ]
+    found = analyze(table(rows))
+    frame = transfers(found.assembly, found.attribution.requests["request"].to_numpy())
+    assert dict(zip(frame["trace_id"], frame["first_token"], strict=True)) == {
+        tid(1): "decode", tid(2): "prefill", tid(3): None}
+    assert found.summary.kv_transfer["first_token"] == {"decode": 1, "prefill": 1}

@@ -163,6 +163,7 @@ def test_spans_cross_processes_in_the_request_trace(disagg):
     blocks = -(-n_prompt // CONFIG.block_size)
     assert transfer.attributes["ttft.kv.blocks"] == blocks
     assert transfer.attributes["ttft.kv.bytes"] == blocks * block_bytes(engine.cache)
+    assert transfer.attributes["ttft.kv.first_token"] == engine.first_token
     chunks = sorted(spans["prefill.chunk"], key=lambda s: s.start_time)
     # the first chunk's blocks leave as it ends: the transfer overlaps the later chunks
     assert chunks[0].end_time <= transfer.start_time < chunks[1].end_time
@@ -245,10 +246,19 @@ def test_ttft_serve_disaggregate_serves_and_stops_without_orphans(tmp_path):
         assert proc.wait(30) in (0, 130)  # uvicorn re-raises the SIGINT it handled
         proc.stderr.close()  # the rest of its log is not read
     assert wait_until(lambda: not os.path.exists(f"/proc/{worker}"), 10)  # reaped, not orphaned
-    from ttft.collectors import read_spans
+    from typer.testing import CliRunner
 
-    services = set(read_spans(trace).column("service").to_pylist())
-    assert services >= {"ttft-server", "ttft-prefill"}
+    from ttft.collectors import read_spans, run_metadata
+    from ttft.reports.cli import app
+
+    spans = read_spans(trace)
+    assert set(spans.column("service").to_pylist()) >= {"ttft-server", "ttft-prefill"}
+    # The server's trace has no run metadata: its report says the deployment from the spans.
+    assert "engine" not in run_metadata(spans)
+    report = CliRunner().invoke(app, ["report", str(trace)], env={"COLUMNS": "200"})
+    assert report.exit_code == 0, report.output
+    assert report.stdout.splitlines()[1] == (
+        "deployment: disaggregated (first token: decode): TTFT includes the K/V transfer")
 
 
 def _ok(url: str) -> bool:

@@ -52,6 +52,38 @@ def test_cuda_peaks_are_positive_and_within_the_budget():
     assert out["matmul_dtype"] == "bfloat16" and out["index"] == torch.cuda.current_device()
 
 
+def test_cpu_peaks_are_the_best_of_slices_over_sizes_and_threads_are_restored():
+    threads = torch.get_num_threads()
+    out = measure_peaks("cpu", budget_s=0.3)
+    assert torch.get_num_threads() == threads  # every other slice ran one thread
+    assert out["threads"] == threads and out["matmul_threads"] in (1, threads)
+    assert out["rounds"] >= 1 and out["matmul_n"] in out["matmul_sizes"]
+    assert 1 <= len(out["matmul_sizes"]) <= 3 and out["matmul_sizes"] == sorted(
+        out["matmul_sizes"]
+    )
+    # The best slice is the peak; the median of the slices tells how busy the machine was.
+    assert 0 < out["median_flops_per_s"] <= out["peak_flops_per_s"]
+    assert 0 < out["median_bytes_per_s"] <= out["peak_bytes_per_s"]
+
+
+def test_best_peaks_keeps_the_best_of_each_figure():
+    base = {"name": "cpu x", "type": "cpu", "peaks_source": "measured", "threads": 2}
+    loaded = {**base, "peak_flops_per_s": 3.5e8, "peak_bytes_per_s": 9e9, "matmul_n": 128,
+              "rounds": 2, "median_flops_per_s": 1e8, "median_bytes_per_s": 5e9,
+              "measure_ns": 300}  # fmt: skip
+    calm = {**base, "peak_flops_per_s": 1.6e11, "peak_bytes_per_s": 4e9, "matmul_n": 512,
+            "rounds": 6, "median_flops_per_s": 1.2e11, "median_bytes_per_s": 3e9,
+            "measure_ns": 1000}  # fmt: skip
+    best = peaks.best_peaks(loaded, calm)
+    assert best == {**base, "peak_flops_per_s": 1.6e11, "matmul_n": 512,
+                    "peak_bytes_per_s": 9e9, "rounds": 8, "median_flops_per_s": 1.2e11,
+                    "median_bytes_per_s": 3e9, "measure_ns": 1300}  # fmt: skip
+    with pytest.raises(ValueError, match="different devices"):
+        peaks.best_peaks(loaded, {**calm, "name": "other"})
+    with pytest.raises(ValueError, match="at least one"):
+        peaks.best_peaks()
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="cpu or cuda"):
         measure_peaks("meta")

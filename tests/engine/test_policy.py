@@ -146,3 +146,74 @@ def test_plan_invariants(case):
     assert all(0 < n <= min(limits["chunk_size"], left[k]) for k, n in p.prefill)
     assert set(p.decode) == {k for k, n in left.items() if n == 0}  # max_running <= budget
     assert all(left[k] > 0 for k, _ in p.prefill)
+
+
+# -- recompute preemption ------------------------------------------------------------------
+
+
+def growing(key, grow_blocks=1, held_blocks=2) -> Running:
+    return Running(key, 0, 0, grow_blocks, held_blocks)
+
+
+def test_without_preemption_growth_is_ignored():
+    p = plan(running=[growing("a"), growing("b")], free_blocks=0)
+    assert p.preempt == () and p.decode == ("a", "b")
+
+
+def test_a_block_that_fits_preempts_nobody_and_leaves_less_room_to_admit():
+    running = [growing("a"), growing("b", grow_blocks=0)]
+    p = plan([waiting("w", need_blocks=2)], running, free_blocks=2, preempt=True)
+    assert p.preempt == () and p.admit == ()  # 2 free - 1 for a's block < 2 needed
+    p = plan([waiting("w", need_blocks=1)], running, free_blocks=2, preempt=True)
+    assert p.admit == ("w",)
+
+
+def test_the_request_admitted_last_is_preempted_for_a_decoding_request_s_block():
+    running = [growing("a"), growing("b", grow_blocks=0), prefilling("p", 20, owed_blocks=3)]
+    p = plan([waiting("w", need_blocks=0)], running, free_blocks=3, preempt=True)
+    # 3 free, all owed to p's prefill: p goes (3 owed + 2 held back), a takes one
+    assert p.preempt == (("p", "a"),)
+    assert p.admit == ()  # a step that preempts admits nobody
+    assert p.decode == ("a", "b") and p.prefill == ()
+
+
+def test_requests_are_preempted_latest_first_until_the_block_fits():
+    running = [growing("a"), growing("b", 0, held_blocks=1), growing("c", 0, held_blocks=0)]
+    p = plan(running=running, free_blocks=0, preempt=True)
+    assert p.preempt == (("c", "a"), ("b", "a"))  # c's blocks were all shared: b's too
+    assert p.decode == ("a",)
+    p = plan(running=[growing("a", held_blocks=0), growing("b", 0, held_blocks=0)],
+             free_blocks=0, preempt=True)
+    assert p.preempt == (("b", "a"), ("a", "a")) and p.decode == ()  # nothing fits it
+
+
+def test_a_request_alone_without_room_is_preempted_for_its_own_block():
+    running = [growing("a", 0), growing("b")]
+    p = plan(running=running, free_blocks=0, preempt=True)
+    assert p.preempt == (("b", "b"),) and p.decode == ("a",)
+
+
+@given(states(), st.lists(st.tuples(st.integers(0, 1), st.integers(0, 4)), max_size=6))
+def test_preemption_invariants(case, blocks):
+    waiting_states, running_states, limits = case
+    running_states = [
+        Running(r.key, r.prompt_tokens, r.owed_blocks if r.prompt_tokens else 0,
+                grow if not r.prompt_tokens else 0, held)
+        for r, (grow, held) in zip(running_states, blocks + [(0, 0)] * 6, strict=False)
+    ]
+    p = plan_step(waiting_states, running_states, **limits, preempt=True)
+    keys = [r.key for r in running_states]
+    victims = [v for v, _ in p.preempt]
+    # the latest admitted first, a suffix of the running requests
+    assert victims == keys[::-1][: len(victims)]
+    kept = [r for r in running_states if r.key not in victims]
+    assert not set(victims) & (set(p.decode) | {k for k, _ in p.prefill})
+    assert all(by in keys for _, by in p.preempt)
+    assert not (p.preempt and p.admit)
+    if not p.preempt:
+        return
+    # after it: room for the kept requests' reservations and next blocks, or nobody kept
+    # that grows, or the last one preempted for its own block
+    room = limits["free_blocks"] + sum(r.held_blocks for r in running_states if r.key in victims)
+    need = sum(r.owed_blocks + r.grow_blocks for r in kept)
+    assert room >= need or p.preempt[-1][0] == p.preempt[-1][1]

@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from ttft.analysis import analyze
 from ttft.analysis.compare import compare
+from ttft.analysis.transfer import deployment_note
 from ttft.collectors import write_trace
 from ttft.collectors.synthetic import generate
 from ttft.reports._text import PlainConsole
@@ -253,11 +254,50 @@ def test_the_report_says_where_the_first_token_came_from(traces, tmp_path):
 
 
 def test_a_prefill_side_first_token_is_named_too():
-    from ttft.analysis.transfer import deployment_note
-
     meta = {"engine": {"disaggregated": {"first_token": "prefill"}}}
     assert deployment_note(meta) == (
         "deployment: disaggregated (first token: prefill): the K/V transfer follows the first "
         "token (it shows in the second token's time)")
     assert deployment_note({"engine": {"device": "cpu"}}) is None
     assert deployment_note({}) is None
+
+
+@pytest.mark.parametrize("side", ["decode", "prefill"])
+def test_a_trace_without_run_metadata_is_known_disaggregated_by_its_transfers(tmp_path, side):
+    """``ttft serve --disaggregate --trace-out`` writes no run metadata: the deployment line
+    comes from the ``kv_transfer`` spans and the side they name, in both reports."""
+    path = write_trace(tmp_path / "served.parquet",
+                       disaggregate(generate(60, seed=3).table, first_token=side), {})
+    expected = deployment_note(METADATA_DISAGG if side == "decode" else {
+        "engine": {"disaggregated": {"first_token": "prefill"}}})
+    text = runner.invoke(app, ["report", str(path)], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    lines = text.stdout.splitlines()
+    assert lines[1] == expected  # the line under the title
+    page = tmp_path / "served.html"
+    assert runner.invoke(app, ["report", str(path), "-o", str(page)]).exit_code == 0
+    assert f'<div class="sub"><b>{html.escape(expected)}</b></div>' in page.read_text()
+
+
+def test_transfers_that_name_no_side_still_say_disaggregated():
+    data = build_report(analyze(disaggregate(generate(60, seed=3).table, first_token=None)))
+    n = data.summary.kv_transfer["requests"]
+    assert data.notes == [f"deployment: disaggregated ({n:,} requests have a K/V transfer; "
+                          "the trace does not record which side sent the first token)"]
+    assert build_report(analyze(generate(60, seed=3).table)).notes == []
+
+
+def test_the_deployment_line_reads_metadata_first_then_the_transfers():
+    decode = {"requests": 4, "first_token": {"decode": 4}}
+    mixed = {"requests": 4, "first_token": {"decode": 1, "prefill": 2}}
+    assert deployment_note(METADATA_DISAGG, mixed) == deployment_note(METADATA_DISAGG)
+    assert deployment_note({}, decode) == deployment_note(METADATA_DISAGG)
+    assert deployment_note(METADATA_COLOCATED, decode) == deployment_note(METADATA_DISAGG)
+    assert deployment_note({"engine": {"disaggregated": {}}}, decode) == deployment_note(
+        METADATA_DISAGG)
+    assert deployment_note({"engine": {"disaggregated": {}}}) == "deployment: disaggregated"
+    assert deployment_note({}, mixed) == (
+        "deployment: disaggregated (4 requests have a K/V transfer; first token: decode for "
+        "1, prefill for 2)")
+    assert deployment_note({}, None) is None
+    assert deployment_note(METADATA_COLOCATED, None) is None

@@ -18,8 +18,9 @@ from ttft.analysis.regime import Peaks
 from ttft.analysis.summary import BANDS
 from ttft.collectors.synthetic import generate
 from ttft.reports import _figures, html_report
+from ttft.reports.metadata_view import metadata_rows, metadata_summary
 from ttft.reports.regime_view import RegimeResult
-from ttft.reports.report_data import FIT_MIN_R2, build_report, metadata_rows
+from ttft.reports.report_data import FIT_MIN_R2, build_report
 
 BASIC_TRACES = {"scatter", "bar"}
 
@@ -173,11 +174,15 @@ def _regime(fractions: list[float]) -> RegimeResult:
     n = len(fractions)
     intensity = np.full(n, 50.0)
     achieved = np.array(fractions) * np.minimum(peaks.flops_per_s, intensity * 1e11)
+    flops = achieved * 1e-3  # each chunk ran 1 ms
     frame = pd.DataFrame(
         {
             "condition": "cold",
             "chunk_tokens": np.full(n, 32),
             "context_before": np.zeros(n, int),
+            "dur_ns": np.full(n, 10**6),
+            "flops": flops,
+            "bytes": flops / intensity,
             "intensity": intensity,
             "achieved_flops_per_s": achieved,
             "roofline_fraction": fractions,
@@ -190,7 +195,8 @@ def _regime(fractions: list[float]) -> RegimeResult:
             "chunks": 1,
             "median_intensity": intensity,
             "bound": "memory",
-            "roofline_fraction": fractions,
+            "roofline_fraction": [f if f <= 1 else np.nan for f in fractions],
+            "above_roofline": [f > 1 for f in fractions],
             "achieved_flops_per_s": achieved,
         }
     )
@@ -201,11 +207,14 @@ def test_roofline_fraction_above_one_marks_the_peaks_unreliable(data):
     page = html_report.render_html(dataclasses.replace(data, regime=_regime([1.4, 0.5])))
     section = page[page.index("<h2>Prefill regime</h2>") : page.index("<h2>Raw durations")]
     assert (
-        '<p class="warn">Peaks unreliable: 1 of 2 rows of the table ran above 100% of the '
-        "roofline (up to 140%), which no device can. The peaks (measured) are lower" in section
+        '<p class="warn">achieved exceeds the measured peak (peak measured under load?): 1 of '
+        "2 chunks ran above the roofline, up to 1.4 TFLOP/s, so the "
+        'device does at least that; they show &quot;above peak&quot;, not a %. The peaks '
+        "(measured) are lower" in section
     )
+    assert "<td>above peak</td>" in section and "140%" not in section
     page = html_report.render_html(dataclasses.replace(data, regime=_regime([0.9, 0.5])))
-    assert "Peaks unreliable" not in page
+    assert "achieved exceeds" not in page and "<td>90%</td>" in page
 
 
 def test_every_chart_uses_only_the_basic_bundle_traces(data):
@@ -229,3 +238,56 @@ def test_the_vendored_bundle_is_the_basic_one_at_plotlys_version(data):
     assert page.count(js) == 1
     assert page.count("plotly.js (basic - minified)") == 1
     assert len(page.encode()) < 2_000_000
+
+
+TRACED = {  # what ``ttft trace`` records of a run against ``ttft serve`` (a part of it)
+    "command": "ttft trace",
+    "arguments": {"arrival": "poisson", "rate": 1.63, "requests": 40, "concurrency": None,
+                  "prompt_tokens": [80, 400], "output_tokens": 16, "model": "small"},
+    "server": {"model": "small", "url": "http://127.0.0.1:1", "models": {"data": [
+        {"id": "small", "ttft": {"device": {"name": "AMD EPYC", "type": "cpu"},
+                                 "model_config": {"n_layer": 8}}}]}},
+    "versions": {"ttft": "0.1.0"},
+}
+
+
+def test_the_metadata_line_says_model_device_and_workload_and_counts_the_rest():
+    assert len(metadata_rows(TRACED)) == 15
+    assert metadata_summary(TRACED) == (
+        "model small · device AMD EPYC (cpu) · workload ttft trace, 40 requests, poisson at "
+        "1.63 req/s, prompts 80–400 tokens, 16 output tokens · 6 more keys")
+    validate = {"workload": {"command": "ttft validate", "requests": 8, "concurrency": 1,
+                             "prompt_tokens": 40, "max_tokens": 4},
+                "engine": {"device": "cpu", "device_name": "cpu",
+                           "model": {"n_layer": 2, "d_model": 64}}}
+    assert metadata_summary(validate) == (
+        "model 2 layers × d_model 64 · device cpu · workload ttft validate, 8 requests, "
+        "concurrency 1, prompts 40 tokens, 4 output tokens · 0 more keys")
+    synthetic = generate(10, seed=1).metadata
+    assert metadata_summary(synthetic) == (
+        f"workload ttft.collectors.synthetic, 10 requests, at 20.0 req/s · "
+        f"{len(metadata_rows(synthetic)) - 3} more keys")
+    assert metadata_summary({"seed": 1, "note": "x"}) == "2 keys"
+    assert metadata_summary({}) == "no run metadata"
+
+
+def test_the_metadata_table_is_folded_under_its_line(data):
+    page = html_report.render_html(dataclasses.replace(data, metadata=TRACED))
+    line = metadata_summary(TRACED)
+    assert (f'<details class="fold" id="metadata-fold"><summary>{line}</summary>'
+            '<table class="meta" id="metadata">') in page
+    assert "<details open" not in page and " open>" not in page  # every fold starts closed
+
+
+def test_the_raw_and_regime_tables_fold_under_a_line_and_keep_their_notes(data):
+    page = html_report.render_html(dataclasses.replace(data, regime=_regime([0.9, 0.5])))
+    stages = len(data.summary.stages)
+    assert (f'<details class="fold" id="raw-fold"><summary>per stage: {stages} stages, raw '
+            "against attributed mean ms, their overlap and share of TTFT</summary><table>"
+            ) in page
+    assert ('<details class="fold" id="regime-fold"><summary>per condition and chunk size: '
+            "2 rows over 2 chunks (bound: 2 memory)</summary><table>") in page
+    # what the tables mean stays in view, after the fold
+    fold_end = page.index("</details>", page.index('id="raw-fold"'))
+    assert page.index("Adding the stages' durations") > fold_end
+    assert page.index("<p class=\"note\">Peaks: ") > page.index('id="regime-fold"')

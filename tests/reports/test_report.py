@@ -88,7 +88,7 @@ def test_hostile_trace_strings_stay_text(tmp_path):
     names = table.column("name").to_pylist()
     names[0] = HOSTILE
     table = table.set_column(table.schema.get_field_index("name"), "name", pa.array(names))
-    metadata = dict(synthetic.metadata, note=HOSTILE)
+    metadata = dict(synthetic.metadata, note=HOSTILE, model=HOSTILE)
     path = tmp_path / "hostile.parquet"
     write_trace(path, table, metadata)
     out = tmp_path / "hostile.html"
@@ -101,9 +101,34 @@ def test_hostile_trace_strings_stay_text(tmp_path):
             """() => [...document.querySelectorAll('#metadata tr')].slice(1).map(
                 r => [...r.cells].map(c => c.textContent))"""
         )
+        line = pg.evaluate("() => document.querySelector('#metadata-fold > summary').textContent")
     assert pwned is None
     assert errors == []
     assert ["note", HOSTILE] in rows
+    assert line.startswith(f"model {HOSTILE} · workload ")
+
+
+def test_the_metadata_is_folded_until_clicked(tmp_path):
+    """A run's many metadata keys cost one line of the page until the reader opens them."""
+    synthetic = generate(60, seed=4)
+    many = {f"lib{i:02}": "1.0" for i in range(60)}
+    path = tmp_path / "many.parquet"
+    write_trace(path, synthetic.table, dict(synthetic.metadata, versions=many))
+    out = tmp_path / "many.html"
+    assert CliRunner().invoke(app, ["report", str(path), "-o", str(out)]).exit_code == 0
+    height = "() => document.documentElement.scrollHeight"
+    table = "() => document.getElementById('metadata').getBoundingClientRect().height"
+    seen = "() => document.getElementById('metadata').checkVisibility()"
+    with page(1280, 900) as pg:
+        errors, _ = open_offline(pg, out)
+        closed_px, hidden = pg.evaluate(height), not pg.evaluate(seen)
+        pg.click("#metadata-fold > summary")
+        pg.wait_for_timeout(100)
+        opened_px, shown, shown_px = pg.evaluate(height), pg.evaluate(seen), pg.evaluate(table)
+    assert errors == []
+    assert hidden and shown
+    assert shown_px > 60 * 20  # a row is at least 20 px
+    assert opened_px - closed_px >= 0.9 * shown_px
 
 
 def test_terminal_report_tells_the_same_story(trace):
@@ -196,7 +221,8 @@ def test_analyze_regime_takes_model_and_peaks_from_flags(trace, tmp_path):
     args = ["analyze", str(trace), "--regime", "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["regime"] == {"peaks": None, "model_known": False, "rows": []}
+    assert json.loads(result.stdout)["regime"] == {
+        "peaks": None, "above_roofline": None, "model_known": False, "rows": []}  # fmt: skip
     result = CliRunner().invoke(
         app,
         [

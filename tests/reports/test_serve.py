@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -121,3 +122,53 @@ def test_sigterm_shuts_down_and_writes_the_trace_file(tmp_path):
     assert server.returncode == 128 + signal.SIGTERM, (tmp_path / "serve.log").read_text()
     assert trace.is_file() and not Path(f"{trace}.parts").exists()
     assert read_spans(trace).num_rows > 0
+
+
+def test_serve_with_recompute_preemption_preempts_and_answers_as_without(tmp_path):
+    # 4 prompts of 40 tokens (3 blocks of 16 each) at once over 12 blocks: admitted
+    # together, they need 5 blocks each by their 40th token, so some are preempted.
+    port = free_port()
+    trace = tmp_path / "server.parquet"
+    env = {**os.environ, "TTFT_CACHE_DIR": str(tmp_path / "cache")}
+    prompts = [[(37 * i + 11 * k) % 2000 + 10 for k in range(40)] for i in range(4)]
+    with (tmp_path / "serve.log").open("w") as log:
+        server = subprocess.Popen(
+            [ttft_script(), "serve", "--model", "tiny", "--device", "cpu", "--port", str(port),
+             "--trace-out", str(trace), "--preemption", "recompute", "--kv-blocks", "12"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_healthy(server, f"http://127.0.0.1:{port}", tmp_path / "serve.log")
+
+            def complete(prompt: list[int]) -> str:
+                reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json={
+                    "model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0})
+                assert reply.status_code == 200, reply.text
+                return reply.json()["choices"][0]["text"]
+
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                together = list(pool.map(complete, prompts))
+            alone = [complete(p) for p in prompts]  # one at a time: nothing to preempt
+        finally:
+            stop(server, signal.SIGINT)
+    log_text = (tmp_path / "serve.log").read_text()
+    assert "recompute preemption" in log_text, log_text
+    assert together == alone
+    rows = read_spans(trace).to_pandas()
+    preempted = rows[rows.stage == "preempted"]
+    assert len(preempted) >= 1
+    attrs = [json.loads(a) for a in preempted.attributes]
+    assert all(a["blocks_freed"] >= 1 and a["preempted_by"] for a in attrs)
+
+
+def test_serve_refuses_a_bad_preemption_mode_before_binding():
+    from typer.testing import CliRunner
+
+    from ttft.reports.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["serve", "--preemption", "swap"])
+    assert bad.exit_code == 2 and "--preemption 'swap': expected off or recompute" in bad.stderr
+    both = runner.invoke(app, ["serve", "--preemption", "recompute", "--disaggregate"])
+    assert both.exit_code == 2
+    assert "--preemption recompute is not supported with --disaggregate" in both.stderr

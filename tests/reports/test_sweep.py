@@ -24,7 +24,13 @@ from ttft.engine.server import build_engine, free_port, serving
 from ttft.reports.cli import app
 from ttft.reports.html_report import plotly_js
 from ttft.reports.runs.sweep import SweepSpec, knee_of, run_sweep
-from ttft.reports.sweep_view import GOODPUT_TITLE, STACK_TITLE, THROUGHPUT_TITLE, render_sweep
+from ttft.reports.sweep_view import (
+    GOODPUT_TITLE,
+    STACK_TITLE,
+    THROUGHPUT_TITLE,
+    render_sweep,
+    throughput_figure,
+)
 
 runner = CliRunner()
 SLO = ["--slo", "ttft=40ms,e2e=2s"]
@@ -194,6 +200,9 @@ def test_report_of_a_sweep_in_the_terminal_and_as_html(swept, tmp_path):
     assert page.count('class="plotly-graph-div"') == 3
     for title in (STACK_TITLE, THROUGHPUT_TITLE, GOODPUT_TITLE):
         assert json.dumps(title) in page  # a chart's title, in its figure JSON
+    # the settings fold under one line saying the workload per step
+    assert ('<details class="fold" id="settings-fold"><summary>6 requests per step; 24–48 '
+            "prompt tokens; 3 output tokens; ") in page
 
 
 def test_a_step_that_fails_outright_stops_the_sweep_and_keeps_the_earlier_ones(
@@ -295,3 +304,22 @@ def test_the_sweep_page_reads_right_in_chromium(swept, tmp_path, width):
         assert all(within(b, d) for b in d["titles"] + d["labels"] + d["legend"]), where
         assert overlapping([t[1:] for t in d["ticks"]]) == [], where
         assert overlapping(d["legend"] + d["xtitle"]) == [], where
+
+
+def test_requests_and_output_tokens_per_s_are_drawn_in_panels_of_their_own():
+    """At a fixed output length tokens/s is 16 × requests/s: on one plot with an axis each
+    the two lines would coincide, so each has its own panel, axis and unit."""
+    rates = [1.0, 1.9, 2.6]
+    steps = [{"level": level, "throughput": {"requests_per_s": r, "output_tokens_per_s": 16 * r},
+              "goodput": {"per_s": r / 2}} for level, r in zip((1, 2, 4), rates, strict=True)]
+    fig = throughput_figure({"steps": steps, "slo": {"ttft": 40.0}, "mode": "rate",
+                             "knee": {"level": 2}})
+    axis_of = {t.name: t.yaxis or "y" for t in fig.data}
+    assert axis_of == {"completed requests/s": "y", "requests/s meeting the SLO": "y",
+                       "output tokens/s (lower panel)": "y2"}
+    assert [list(t.y) for t in fig.data] == [rates, [r / 2 for r in rates],
+                                             [16 * r for r in rates]]
+    upper, lower = fig.layout.yaxis, fig.layout.yaxis2
+    assert (upper.title.text, lower.title.text) == ("requests/s", "output tokens/s")
+    assert lower.overlaying is None and lower.domain[1] < upper.domain[0]  # apart, not over
+    assert fig.layout.xaxis.anchor == "y2"  # one level axis, under the lower panel

@@ -1,5 +1,6 @@
 """`ttft validate`, small: known delays injected into the tiny engine come back out of
-attribution at the server boundary, and a wrong claim is caught."""
+attribution at the server boundary, and a wrong claim is caught; the preemption case finds
+the ``preempted`` stage in TTFT and in blame."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ import ttft.reports.runs.validate as validate_mod
 from ttft.engine import EngineConfig
 from ttft.reports.cli import app
 from ttft.reports.runs.validate import DELAY_STAGES, check_delays, run_validate, tolerance_ms
+from ttft.reports.runs.validate_preemption import (
+    PreemptedRequest,
+    PreemptionCheck,
+    run_preemption_case,
+)
 
 runner = CliRunner()
 
@@ -86,12 +92,56 @@ def test_cli_prints_injected_vs_recovered_and_exits_0(tmp_path):
          "--delay", "tokenize=10", "-o", str(tmp_path)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    rows = {line.split()[1]: line.split() for line in result.stdout.splitlines() if "│" in line}
+    delays, _, preemption = result.stdout.partition("preemption: ")
+    rows = {line.split()[1]: line.split() for line in delays.splitlines() if "│" in line}
     assert set(rows) == {"queue", "tokenize", "ttft"}
     assert rows["queue"][3] == "20.0" and rows["queue"][-2] == "✓"
     assert rows["tokenize"][3] == "10.0" and rows["tokenize"][-2] == "✓"
-    assert "all 2 delays recovered" in result.stderr
+    preempted = [line.split() for line in preemption.splitlines() if "│ req-" in line]
+    assert preempted and all(r[-2] == "✓" and float(r[3]) > 0 for r in preempted)
+    assert "all 2 delays recovered, preemption checked" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "baseline.parquet", "injected.parquet", "preemption.parquet"]
+    assert "preemption: 6 requests, 72 K/V blocks, recompute" in result.stdout
+
+
+def test_cli_without_the_preemption_case(tmp_path):
+    result = runner.invoke(
+        app,
+        ["validate", "--model", "tiny", "--requests", "4", "--delay", "queue=20",
+         "--no-preemption", "-o", str(tmp_path)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "preemption" not in result.stdout + result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["baseline.parquet", "injected.parquet"]
+
+
+def test_preemption_case_finds_the_preempted_stage_in_ttft_and_in_blame(tmp_path):
+    check = run_preemption_case(tmp_path, model="tiny", device="cpu", seed=0)
+    assert (check.requests, check.errors, check.num_blocks) == (6, 0, 72)
+    assert check.ok and check.before_first_token and check.preemptions >= 1
+    for req in check.before_first_token:
+        assert req.preempted_ms > 0 and req.blamed_ms > 0, req
+        assert req.taken_by and req.request_id not in req.taken_by, req
+        assert set(req.taken_by) <= set(req.ran), req  # the takers ran while it waited
+    assert check.trace == tmp_path / "preemption.parquet" and check.trace.exists()
+
+
+def test_preemption_case_verdicts():
+    fine = PreemptedRequest("b", 5.0, 4.0, ("a",), ("a",))
+    assert fine.ok
+    assert not PreemptedRequest("b", 0.0, 4.0, ("a",), ("a",)).ok  # nothing in TTFT
+    assert not PreemptedRequest("b", 5.0, 0.0, ("a",), ("a",)).ok  # blame found no work
+    assert not PreemptedRequest("b", 5.0, 4.0, ("b",), ("a",)).ok  # only itself named
+    assert not PreemptedRequest("b", 5.0, 4.0, (), ("a",)).ok
+    assert PreemptionCheck(None, 72, 6, 0, 1, [fine]).ok
+    assert not PreemptionCheck(None, 72, 6, 0, 1, []).ok  # nobody preempted in prefill
+    assert not PreemptionCheck(None, 72, 6, 1, 1, [fine]).ok  # a request failed
+
+
+def test_preemption_case_refuses_the_disaggregated_engine(tmp_path):
+    with pytest.raises(ValueError, match="the preemption case needs the co-located engine"):
+        run_validate(tmp_path, requests=1, model="tiny", preemption=True, disaggregate=True)
 
 
 def test_cli_exits_1_on_a_miss(tmp_path, monkeypatch):
