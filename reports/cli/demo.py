@@ -18,7 +18,11 @@ if TYPE_CHECKING:
 
 @app.command()
 def demo(
-    requests: Annotated[int, typer.Option(min=1, help="requests to send")] = 200,
+    requests: Annotated[
+        int | None,
+        typer.Option(min=1, help="requests to send (default: 200, or as many as arrive in "
+                     "about 60 s at the offered rate when that is fewer, at least 50)"),
+    ] = None,
     out: Annotated[
         Path, typer.Option("-o", "--out", help="folder for the trace and report.html")
     ] = Path("ttft-demo"),
@@ -49,7 +53,7 @@ def demo(
     try:
         with RunDisplay(err) as display:
             result = run_demo(out, requests=requests, model=model, rate_per_s=rate, seed=seed,
-                              on_rate=lambda c, r: _print_rate(c, r, requests, seed),
+                              on_rate=lambda c, r, n: _print_rate(c, r, n, requests, seed),
                               callbacks=display.callbacks())
     except OSError as exc:
         raise fail(f"{out}: {exc.strerror or exc}") from None
@@ -74,15 +78,24 @@ def demo(
 
 
 def _print_rate(capacity: Capacity | None, rate_per_s: float, requests: int,
-                seed: int) -> None:
+                asked: int | None, seed: int) -> None:
     """The capacity the probe measured and the rate the demo offers, before the run (and
-    the rate its seeded schedule really offers, where that differs by more than 1%)."""
+    the rate its seeded schedule really offers, where that differs by more than 1%); and
+    the requests it sends, with why where fewer than 200 were chosen for a slow rate."""
     from ttft.reports.runs.capacity import PROBE_TOLERANCE
-    from ttft.reports.runs.demo import LOAD_FRACTION, schedule_rate_per_s
+    from ttft.reports.runs.demo import (
+        DEMO_ARRIVALS_S,
+        DEMO_REQUESTS,
+        LOAD_FRACTION,
+        schedule_rate_per_s,
+    )
 
     drawn = schedule_rate_per_s(rate_per_s, requests, seed)
     schedule = (f"; seed {seed}'s {requests} arrivals come at {drawn:.2f}/s"
                 if drawn is not None and abs(drawn / rate_per_s - 1) > 0.01 else "")
+    if asked is None and requests < DEMO_REQUESTS:
+        schedule += (f"; {requests} requests, not {DEMO_REQUESTS}: about "
+                     f"{DEMO_ARRIVALS_S:.0f} s of arrivals at this rate (--requests N sets it)")
     if capacity is None:
         err.print(f"offered rate: {rate_per_s:.2f} requests/s (Poisson), as given by --rate"
                   f"{schedule}")

@@ -15,6 +15,7 @@ tracing is configured, until its rate is known to 10%), and the demo offers
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -29,7 +30,7 @@ from ttft.collectors.load_rates import offered_rate as schedule_rate
 from ttft.collectors.trace_run import TraceRun, TraceSpec, trace_server
 from ttft.reports.runs.capacity import PROBE_MAX_S, Capacity, demo_mix, probe_capacity
 
-__all__ = ["Capacity", "DemoResult", "offered_rate", "probe_capacity", "run_demo",
+__all__ = ["Capacity", "DemoResult", "demo_requests", "offered_rate", "probe_capacity", "run_demo",
            "schedule_rate_per_s"]
 
 LOAD_FRACTION = 0.6
@@ -70,6 +71,22 @@ class DemoResult:
         return self.analysis.summary
 
 
+DEMO_REQUESTS = 200
+"""The traced run's requests when the machine serves ``DEMO_REQUESTS / DEMO_ARRIVALS_S``
+per second or more at the offered rate…"""
+DEMO_ARRIVALS_S = 60.0
+"""…else as many as arrive in about this many seconds at that rate, so that a busy machine's
+demo still ends in minutes (at 0.5 requests/s, 200 arrivals would take 400 s)…"""
+DEMO_MIN_REQUESTS = 50
+"""…and never fewer than this, for p90 (and a tail) to mean something."""
+
+
+def demo_requests(rate_per_s: float) -> int:
+    """The traced run's requests at ``rate_per_s`` when none were asked for: about
+    ``DEMO_ARRIVALS_S`` of arrivals, between ``DEMO_MIN_REQUESTS`` and ``DEMO_REQUESTS``."""
+    return max(DEMO_MIN_REQUESTS, min(DEMO_REQUESTS, math.ceil(rate_per_s * DEMO_ARRIVALS_S)))
+
+
 def offered_rate(capacity: Capacity) -> float:
     """``LOAD_FRACTION`` of the measured capacity, in requests per second, to 0.01/s (at
     least 0.01/s)."""
@@ -85,23 +102,24 @@ def schedule_rate_per_s(rate_per_s: float, requests: int, seed: int) -> float | 
 def run_demo(
     out_dir: Path,
     *,
-    requests: int = 200,
+    requests: int | None = None,
     model: str = "small",
     rate_per_s: float | None = None,
     max_tokens: int = 16,
     seed: int = 0,
     probe_max_s: float = PROBE_MAX_S,
-    on_rate: Callable[[Capacity | None, float], None] | None = None,
+    on_rate: Callable[[Capacity | None, float, int], None] | None = None,
     callbacks: dict[str, Callable[..., None]] | None = None,
 ) -> DemoResult:
     """Serve ``model`` on CPU in-process, trace ``requests`` Poisson arrivals, analyze.
 
     Args:
+        requests: the traced run's arrivals; None takes :func:`demo_requests` of the rate.
         rate_per_s: the arrival rate; None measures the capacity first
             (:func:`probe_capacity`, for at most ``probe_max_s``) and offers
             :func:`offered_rate` of it.
-        on_rate: called with the capacity (None when ``rate_per_s`` was given) and the rate
-            to offer, once known, before the traced run starts.
+        on_rate: called with the capacity (None when ``rate_per_s`` was given), the rate
+            to offer and the requests to send, once known, before the traced run starts.
         callbacks: progress hooks passed to :func:`trace_server`.
 
     Raises:
@@ -114,8 +132,10 @@ def run_demo(
     if rate_per_s is None:
         capacity = probe_capacity(model, max_tokens=max_tokens, seed=seed, max_s=probe_max_s)
         rate_per_s = offered_rate(capacity)
+    if requests is None:
+        requests = demo_requests(rate_per_s)
     if on_rate is not None:
-        on_rate(capacity, rate_per_s)
+        on_rate(capacity, rate_per_s, requests)
     trace = out_dir / "demo.parquet"
     run = _traced_run(trace, model, requests, rate_per_s, max_tokens, seed, dict(callbacks or {}))
     analysis = analyze(read_spans(trace), trace=str(trace))

@@ -61,7 +61,7 @@ def test_without_a_rate_the_probe_runs_and_the_demo_offers_60_percent(probed):
     assert 0 < capacity.spread_per_s and capacity.probe_s > capacity.seconds
     assert demo_run.LOAD_FRACTION == 0.6
     assert result.rate_per_s == pytest.approx(0.6 * capacity.rate_per_s, abs=0.005)
-    assert rates == [(capacity, result.rate_per_s)]  # told before the run
+    assert rates == [(capacity, result.rate_per_s, 8)]  # told before the run
     load = result.load
     assert (load.requests, load.completed) == (8, 8) and load.load_s > 0
     # what the seeded schedule offered, not the nominal rate
@@ -104,7 +104,7 @@ def test_the_command_prints_capacity_offered_achieved_and_one_line_for_shed_load
     def fake_run_demo(out, *, on_rate, **kwargs):
         calls.append(kwargs["rate_per_s"])
         out.mkdir(parents=True, exist_ok=True)
-        on_rate(capacity, 1.98)
+        on_rate(capacity, 1.98, 8)
         return overloaded
 
     monkeypatch.setattr(demo_run, "run_demo", fake_run_demo)
@@ -137,7 +137,7 @@ def test_an_unsettled_capacity_says_how_well_it_is_known(probed, tmp_path, monke
 
     def fake_run_demo(out, *, on_rate, **kwargs):
         out.mkdir(parents=True, exist_ok=True)
-        on_rate(capacity, 0.78)
+        on_rate(capacity, 0.78, 8)
         return result
 
     monkeypatch.setattr(demo_run, "run_demo", fake_run_demo)
@@ -146,3 +146,28 @@ def test_an_unsettled_capacity_says_how_well_it_is_known(probed, tmp_path, monke
     assert [line for line in cli.stderr.splitlines() if "known only to" in line] == [
         "the capacity is known only to ±32% (the probe stops at 10% or its time limit): this "
         "machine is busy or noisy; --rate R sets the load instead"]
+
+
+def test_a_slow_machine_demo_sends_about_a_minute_of_arrivals(probed, tmp_path, monkeypatch):
+    # 0.49 requests/s (a busy 2-core machine): 200 arrivals would take 400 s; the demo sends
+    # about 60 s of them, at least 50, and says why; a fast one sends 200; --requests wins.
+    assert [demo_run.demo_requests(r) for r in (0.3, 0.49, 2.0, 3.5, 40.0)] == [
+        50, 50, 120, 200, 200]
+    result, _ = probed
+    asked = []
+
+    def fake_run_demo(out, *, on_rate, requests, **kwargs):
+        asked.append(requests)
+        out.mkdir(parents=True, exist_ok=True)
+        on_rate(None, 0.49, demo_run.demo_requests(0.49) if requests is None else requests)
+        return result
+
+    monkeypatch.setattr(demo_run, "run_demo", fake_run_demo)
+    cli = runner.invoke(app, ["demo", "--rate", "0.49", "-o", str(tmp_path / "demo")])
+    assert cli.exit_code == 0, cli.output
+    assert "50 requests, not 200: about 60 s of arrivals at this rate (--requests N sets " \
+        "it)" in _flat(cli.stderr)
+    cli = runner.invoke(app, ["demo", "--rate", "0.49", "--requests", "9",
+                              "-o", str(tmp_path / "demo")])
+    assert cli.exit_code == 0, cli.output
+    assert asked == [None, 9] and "not 200" not in _flat(cli.stderr)

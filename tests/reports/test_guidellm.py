@@ -37,13 +37,15 @@ Sanic's response start and the first chunk's write, read by the client)."""
 START_TIMEOUT_S = 90.0
 """guidellm imports transformers before it listens: about 8 s on a quiet 2-core machine."""
 STOP_TIMEOUT_S = 10.0
-ITL_MEDIAN_MS = (4.9, 7.0)
-ITL_EACH_MS = (4.9, 8.0)
+ITL_MEDIAN_MS = (4.5, 7.0)
+ITL_EACH_MS = (4.5, 8.0)
 """Bounds on each request's mean gap between content chunks (the median over requests, and
 every request). The server sleeps 5 ms between chunks, so nothing comes back much below 5 ms
 (0.1 ms for the clock); above it, asyncio.sleep's overshoot and Sanic's write give medians
 of 5.2-5.3 ms on a quiet 2-core machine, and up to 6.6 ms (single requests 7.1 ms) with its
-load average at 4 from other work."""
+load average at 4 from other work. Below 5 ms only by a late first chunk: with the load
+average at 10, a first chunk read 3-4 ms late shortened every request's mean gap over the
+15 after it to 4.77-5.18 ms (the bound 4.5 ms still fails a client that squeezed gaps)."""
 
 
 def guidellm_path() -> str:
