@@ -8,6 +8,7 @@ COLOURS = {
     "network": "#cbd2d9",
     "untraced": "#e0c9a6",
     "server": "#7b8794",
+    "route": "#5e548e",
     "tokenize": "#f7b267",
     "queue": "#e4572e",
     "schedule": "#f4845f",

@@ -1,5 +1,6 @@
 """Applying a stage mapping to a span table: stage assignment and derived rows (the
-mechanics behind `ttft.collectors.importers.mapping.StageMapping.apply`)."""
+mechanics behind `ttft.collectors.importers.mapping.StageMapping.apply`; request ids in
+``_mapping_ids``, interval rules in ``_mapping_events``)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from ttft.collectors.importers._mapping_events import add_intervals
+from ttft.collectors.importers._mapping_ids import request_ids, rows_mentioning
 from ttft.tracer.schema import EV_FIRST_SAMPLED
 
 if TYPE_CHECKING:
     from ttft.collectors.importers.mapping import Rule
 
 DERIVE_VLLM = "vllm_latency"
+DERIVED_ATTRIBUTE = "ttft.derived"
+"""The attribute of every derived row: the derivation that made it."""
 DERIVE_FIRST_END = "first_end:"
-REQUEST_ID_ATTRIBUTE = "gen_ai.request.id"
 VLLM_QUEUE_S = "gen_ai.latency.time_in_queue"
 VLLM_PREFILL_S = "gen_ai.latency.time_in_model_prefill"
 VLLM_TTFT_S = "gen_ai.latency.time_to_first_token"
@@ -62,24 +65,6 @@ def _dense_unique(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(present), rank[key]
 
 
-def _mentions(texts: pa.ChunkedArray, needle: bytes) -> bool:
-    """Whether any value of a string column may contain ``needle``: one search of each
-    chunk's bytes (a row-by-row match over 24M attribute texts took 1.3 s)."""
-    for chunk in texts.chunks:
-        if len(chunk) == 0:
-            continue
-        if not pa.types.is_string(chunk.type):
-            return True  # another layout: the row-by-row match decides
-        data = chunk.buffers()[2]
-        if data is None:  # every value empty or null
-            continue
-        offsets = np.frombuffer(chunk.buffers()[1], np.int32)
-        first, last = int(offsets[chunk.offset]), int(offsets[chunk.offset + len(chunk)])
-        if needle in bytes(memoryview(data)[first:last]):
-            return True
-    return False
-
-
 def _seconds_ns(value: Any) -> int | None:
     """Seconds → ns; None for a non-number, a negative or an absurd (> 2^60 ns) value."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -99,6 +84,10 @@ class Apply:
         self.derived: list[dict[str, Any]] = []
         self.start = np.asarray(table.column("start_ns").to_numpy(), np.int64)
         self.end = np.asarray(table.column("end_ns").to_numpy(), np.int64)
+        # Set by `assign` when some rule fits the table: name codes, their values, the
+        # point-event rows (stage event, no duration).
+        self._names: tuple[np.ndarray, list[Any]] | None = None
+        self._event_points: np.ndarray | None = None
 
     def attributes(self, row: int) -> dict[str, Any]:
         if row not in self._attrs:
@@ -116,13 +105,15 @@ class Apply:
             return table
         stage, stage_values = _codes(table.column("stage"))
         assigned = self.assign(stage, stage_values)
-        request_id = self.fill_request_ids()
+        request_id = request_ids(self, assigned)
         hit = np.flatnonzero(assigned >= 0)
         for r, rule in enumerate(self.rules):
             if rule.derive is not None:
                 rows = hit[assigned[hit] == r]
                 if len(rows):
                     self.derive(rule, rows, request_id)
+        self.intervals(request_id)
+        self.derived = self.not_yet_there(self.derived)
         vocab = list(stage_values)
         for s in {self.rules[r].stage for r in set(assigned[hit].tolist())} - set(vocab):
             vocab.append(s)
@@ -155,7 +146,8 @@ class Apply:
         service, service_values = _codes(self.table.column("service"))
         # One pattern check per distinct (service, name); code -1 (null) reads as "".
         services, names = [*service_values, ""], [*name_values, ""]
-        if not any(rule.fits_any(services, names) for rule in self.rules):
+        name_set = frozenset(names)
+        if not any(rule.fits_any(services, names, name_set) for rule in self.rules):
             return assigned  # no rule fits any row (a ttft trace): no per-row work
         code_of = {v: i for i, v in enumerate(stage_values)}
         is_other = stage == code_of.get("other", -2)
@@ -165,15 +157,19 @@ class Apply:
         as_name = np.array([name_code.get(v, -2) for v in stage_values] + [-2])
         from_name = (as_name[stage] == name) & ~is_other
         point = self.start == self.end
+        self._names, self._event_points = (name, name_values), is_event & point
         cand = np.flatnonzero(is_other | from_name | (is_event & point))
         if not len(cand):
             return assigned
         base = len(names)
         key = (service[cand] % len(services)) * base + name[cand] % base
         pairs, inv = _dense_unique(key, len(services) * base)
-        pair_names = [(services[p // base], names[p % base]) for p in pairs.tolist()]
+        pair_service, pair_name = pairs // base, pairs % base
+        name_index = {v: i for i, v in enumerate(names)}
         for r, rule in enumerate(self.rules):
-            ok = np.array([rule.matches_pair(s, m) for s, m in pair_names])
+            if rule.is_interval:
+                continue  # adds rows (`intervals`), maps none
+            ok = rule.pair_mask(services, names, name_index, pair_service, pair_name)
             if not ok.any():
                 continue
             rows = cand[ok[inv] & (assigned[cand] < 0)]
@@ -190,6 +186,20 @@ class Apply:
             assigned[rows] = r
         return assigned
 
+    def not_yet_there(self, derived: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``derived`` less the rows the table already holds (same trace and span id): a
+        table mapped before (``ttft import``, then read again) keeps its rows once. Only the
+        rows whose attributes mention ``ttft.derived`` are looked at."""
+        if not derived:
+            return derived
+        rows = rows_mentioning(self.table.column("attributes"), DERIVED_ATTRIBUTE)
+        if not len(rows):
+            return derived
+        at = pa.array(rows)
+        there = set(zip(self.table.column("trace_id").take(at).to_pylist(),
+                        self.table.column("span_id").take(at).to_pylist(), strict=True))
+        return [d for d in derived if (d["trace_id"], d["span_id"]) not in there]
+
     def earliest_per_trace(self, rows: np.ndarray) -> np.ndarray:
         """Of ``rows``, the earliest-starting one of each trace (ties: the first row)."""
         if self._trace is None:
@@ -201,29 +211,23 @@ class Apply:
         head[1:] = keys[1:] != keys[:-1]
         return np.sort(rows[head])
 
-    def fill_request_ids(self) -> pa.Array | None:
-        """``request_id`` with ``gen_ai.request.id`` filled in where it was null, or None
-        when no row changes."""
-        rid = self.table.column("request_id")
-        attrs = self.table.column("attributes")
-        key = f'"{REQUEST_ID_ATTRIBUTE}"'
-        if not _mentions(attrs, key.encode()):
-            return None
-        maybe = pc.and_(pc.is_null(rid), pc.fill_null(pc.match_substring(attrs, key), False))
-        rows = np.flatnonzero(np.asarray(maybe, dtype=bool))
-        found = {}
-        for row in rows.tolist():
-            value = self.attributes(row).get(REQUEST_ID_ATTRIBUTE)
-            if isinstance(value, (str, int)) and not isinstance(value, bool):
-                found[row] = str(value)
-        if not found:
-            return None
-        values = rid.to_pylist()
-        for row, value in found.items():
-            values[row] = value
-        return pa.array(values, pa.string())
+    def intervals(self, request_id: pa.Array | pa.ChunkedArray | None) -> None:
+        """Add the rows of the interval rules (`_mapping_events`), each on the point-event
+        rows of its two event names only."""
+        if self._names is None or self._event_points is None:
+            return  # no rule fits the table
+        name, name_values = self._names
+        code = {v: i for i, v in enumerate(name_values)}
+        for rule in self.rules:
+            codes = [code.get(e, -2) for e in rule.events]
+            if not codes or -2 in codes:
+                continue  # not an interval rule, or an event name no row has
+            rows = np.flatnonzero(np.isin(name, codes) & self._event_points)
+            if len(rows):
+                add_intervals(self, rule, rows, request_id)
 
-    def derive(self, rule: Rule, rows: np.ndarray, request_id: pa.Array | None) -> None:
+    def derive(self, rule: Rule, rows: np.ndarray,
+               request_id: pa.Array | pa.ChunkedArray | None) -> None:
         assert rule.derive is not None
         if rule.derive == DERIVE_VLLM:
             for row in rows.tolist():
@@ -234,7 +238,7 @@ class Apply:
             t = int(self.end[row])
             self.add(row, request_id, rule.derive, event, "event", t, t)
 
-    def derive_vllm(self, row: int, request_id: pa.Array | None) -> None:
+    def derive_vllm(self, row: int, request_id: pa.Array | pa.ChunkedArray | None) -> None:
         attrs = self.attributes(row)
         t0 = int(self.start[row])
         queue_ns = _seconds_ns(attrs.get(VLLM_QUEUE_S))
@@ -249,12 +253,15 @@ class Apply:
             t = t0 + ttft_ns
             self.add(row, request_id, DERIVE_VLLM, EV_FIRST_SAMPLED, "event", t, t)
 
-    def add(self, row: int, request_id: pa.Array | None, derive: str, name: str, stage: str,
-            start_ns: int, end_ns: int) -> None:
-        """A derived row: a child of ``row``, its span id hashed from ``row``'s."""
+    def add(self, row: int, request_id: pa.Array | pa.ChunkedArray | None, derive: str,
+            name: str, stage: str, start_ns: int, end_ns: int, index: int = 0) -> None:
+        """A derived row: a child of ``row``, its span id hashed from ``row``'s (and from
+        ``index``, which tells apart rows of one derivation and name)."""
         col = self.table.column
         trace_id, span_id = col("trace_id")[row].as_py(), col("span_id")[row].as_py()
         seed = f"{trace_id}/{span_id if span_id is not None else row}/{derive}/{name}"
+        if index:
+            seed += f"/{index}"
         rid = (request_id if request_id is not None else col("request_id"))[row].as_py()
         self.derived.append({
             "trace_id": trace_id,
@@ -267,5 +274,5 @@ class Apply:
             "end_ns": end_ns,
             "clock": col("clock")[row].as_py(),
             "service": col("service")[row].as_py(),
-            "attributes": json.dumps({"ttft.derived": derive}),
+            "attributes": json.dumps({DERIVED_ATTRIBUTE: derive}),
         })

@@ -198,7 +198,7 @@ def test_a_request_id_attribute_in_any_chunk_fills_its_row():
 
 def test_default_table_names_its_sources():
     rules = default_mapping().rules
-    assert {r.source for r in rules} == {"vllm", "sglang", "tgi"}
+    assert {r.source for r in rules} == {"vllm", "sglang", "tgi", "llm-d", "trtllm"}
     assert rules[0] == Rule("server", "llm_request", source="vllm", derive="vllm_latency")
 
 
