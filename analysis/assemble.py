@@ -25,6 +25,7 @@ from ttft.analysis._conditions import conditions, max_cached
 from ttft.analysis._grouping import clock_kinds, decode, group, join_gpu
 from ttft.analysis._ids import id_words
 from ttft.analysis._outcomes import request_outcomes
+from ttft.analysis._reported import attributed_rows
 from ttft.analysis._trees import CODE, MAX_NS, N_STAGES, NONE_NS, Spans, resolve_trees
 from ttft.analysis.quality import Quality, estimated_spans, rejected_spans
 from ttft.tracer.schema import (
@@ -194,8 +195,10 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     if shift is not None:
         start, end = start + shift, end + shift
 
-    # Spans that can take window time: request traces, no events, no steps.
+    # Spans that can take window time: request traces, no events, no steps; a server's
+    # reported timings only where it exported no spans of the request (measured win).
     span_rows = np.flatnonzero((row_req >= 0) & ~is_event & (stage != CODE["step"]))
+    span_rows = attributed_rows(span_rows, row_req, n_req, is_client, service, service_values)
     chunk_rows, gpu_rows, reused = join_gpu(table, stage, row_req, valid, span_rows, start,
                                              trace, trace_values, shift, untraced)
     quality.add("reused_step_id", len(reused), _examples(trace_values, trace[reused]))

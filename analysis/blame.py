@@ -31,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ttft.analysis import _columns as col
+from ttft.analysis._reported import without_reported
 from ttft.analysis._request_columns import request_columns
 from ttft.analysis.assemble import Assembly, Rows
 from ttft.tracer.schema import (
@@ -95,7 +96,8 @@ def blame(asm: Assembly, step_spans: pa.Table | None = None) -> pd.DataFrame:
     else:
         steps = _Steps(*_outside_steps(rows, step_spans))
     chunk_rows = rows.of("prefill.chunk", requests_only=True)
-    span_rows = [rows.of(w, requests_only=True) for w in SPAN_WAITS]
+    span_rows = [without_reported(rows.of(w, requests_only=True), rows.service,
+                                  rows.service_values) for w in SPAN_WAITS]
     iv_req, iv_wait, iv_a, iv_b, iv_group = _intervals(
         span_rows, chunk_rows, rows.req, start, end, group, len(asm.requests)
     )

@@ -10,6 +10,9 @@ Definitions, all from the client's view (the ``client`` span of each request):
   throughput** is completed requests / duration; **output tokens/s** is the sum of their
   completion tokens (the client span's ``completion_tokens``, the server's ``usage``, as
   ``analysis.decode`` reads it; a request without it counts its content chunks) / duration;
+- **content filter**: of the completed requests, those whose client span's
+  ``finish_reason`` is ``content_filter`` (ok, but the server's filter ended the answer;
+  docs/attribution.md, "Outcomes from the stream's end");
 - **end-to-end latency** of a completed request is its client span's end - start (the
   earliest start and latest end of its client spans; the load generator writes one);
 - **goodput** is over the requests the TTFT figures are over (ok, with a window at the
@@ -33,20 +36,29 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from ttft.analysis import _columns as col
 from ttft.analysis._trees import NONE_NS
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.decode import COMPLETION_TOKENS, _completion_tokens, decode_values
-from ttft.tracer.schema import ATTR_PROMPT_TOKENS, ATTR_STATUS_CODE, OUTCOME_OK
+from ttft.tracer.schema import (
+    ATTR_FINISH_REASON,
+    ATTR_PROMPT_TOKENS,
+    ATTR_STATUS_CODE,
+    FINISH_CONTENT_FILTER,
+    OUTCOME_OK,
+)
 
 __all__ = ["SLO_METRICS", "Load", "goodput", "load", "load_values", "request_table"]
 
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
 """The metrics an SLO may name, in the order goodput reports them."""
-VALUE_KEYS = ("start_ns", "end_ns", "completed", "output_tokens", "ttft_ns", "e2e_ns",
-              "tpot_ns", "itl_ns")
-"""The keys of `load_values`: the first four per request with a client span, the others
+VALUE_KEYS = ("start_ns", "end_ns", "completed", "output_tokens", "content_filter", "ttft_ns",
+              "e2e_ns", "tpot_ns", "itl_ns")
+"""The keys of `load_values`: the first five per request with a client span, the others
 per request of ``Attribution.requests`` (in its order)."""
 _NS_PER_MS = 1e6
 _NS_PER_S = 1e9
@@ -56,12 +68,13 @@ _NS_PER_S = 1e9
 class Load:
     """A trace's load figures (see the module docstring): ``duration_ns`` of the run,
     ``requests`` completed, their ``output_tokens`` and ``e2e_ns`` (one per completed
-    request, int64)."""
+    request, int64), and ``content_filter``: of them, those the content filter ended."""
 
     duration_ns: int
     requests: int
     output_tokens: int
     e2e_ns: np.ndarray
+    content_filter: int = 0
 
     def per_s(self, count: int) -> float | None:
         """``count`` over the run's duration, per second; None for a zero duration."""
@@ -72,8 +85,9 @@ def load_values(asm: Assembly, attr: Attribution,
                 decode: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The per-request values `load` and `goodput` need, keyed by `VALUE_KEYS`.
 
-    Per request with a client span: ``start_ns``, ``end_ns``, ``completed`` (outcome ok)
-    and ``output_tokens``. Per request of ``attr.requests``: ``ttft_ns``, ``e2e_ns``
+    Per request with a client span: ``start_ns``, ``end_ns``, ``completed`` (outcome ok),
+    ``output_tokens`` and ``content_filter`` (a client span's finish reason is
+    ``content_filter``). Per request of ``attr.requests``: ``ttft_ns``, ``e2e_ns``
     (``NONE_NS`` without a client span), ``tpot_ns`` and ``itl_ns`` (float, NaN with fewer
     than two content chunks). Concatenating the values of a dataset's partitions, in the
     order their attributions are stacked, gives the whole dataset's.
@@ -107,11 +121,28 @@ def load_values(asm: Assembly, attr: Attribution,
         "end_ns": end[has],
         "completed": outcome == OUTCOME_OK,
         "output_tokens": np.where(tokens >= 0, tokens, chunks[has]).astype(np.int64),
+        "content_filter": _content_filtered(asm)[has],
         "ttft_ns": attr.requests["ttft_ns"].to_numpy(np.int64),
         "e2e_ns": np.where(client_ok, end[ok] - start[ok], NONE_NS),
         "tpot_ns": tpot,
         "itl_ns": itl,
     }
+
+
+def _content_filtered(asm: Assembly) -> np.ndarray:
+    """Per request of ``asm``: a client span of it says ``finish_reason`` ``content_filter``
+    (read by pattern: the load generator writes the key once, at the top level)."""
+    client = asm.rows.of("client", requests_only=True)
+    out = np.zeros(len(asm.requests), bool)
+    if len(client):
+        texts = col.take(asm.rows.table.column("attributes"), client)
+        if pa.types.is_dictionary(texts.type):
+            texts = texts.cast(pa.string())
+        said = pc.match_substring_regex(
+            texts, rf'"{ATTR_FINISH_REASON}"\s*:\s*"{FINISH_CONTENT_FILTER}"')
+        found = np.asarray(pc.fill_null(said, False).to_numpy(zero_copy_only=False), bool)
+        out[asm.rows.req[client[found]]] = True
+    return out
 
 
 def _client_spans(asm: Assembly) -> tuple[np.ndarray, np.ndarray]:
@@ -205,6 +236,7 @@ def load(values: Mapping[str, np.ndarray]) -> Load | None:
         requests=int(completed.sum()),
         output_tokens=int(values["output_tokens"][completed].sum()),
         e2e_ns=(values["end_ns"] - values["start_ns"])[completed],
+        content_filter=int((completed & values["content_filter"]).sum()),
     )
 
 

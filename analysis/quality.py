@@ -37,7 +37,8 @@ list, and so is ``rejected_span`` (a span the importer could not turn into a row
 in the table's run metadata under ``rejected``: ``{"count": n, "examples": [...]}``), and
 ``estimated_span`` (a span whose interval the source estimated rather than measured, such as
 Dynamo's K/V transfer upper bound: kept and attributed, counted in the run metadata under
-``estimated`` in the same shape, each carrying ``tracer.schema.ATTR_ESTIMATED``), and
+``estimated`` in the same shape, each carrying ``tracer.schema.ATTR_ESTIMATED``; ``ttft
+trace`` counts there the spans it placed from a server's reported timings), and
 ``reused_step_id`` (a prefill chunk whose step id names steps of several engine traces,
 joined to the one nearest in time)."""
 
@@ -51,8 +52,9 @@ MEANING: dict[str, str] = {
     "outside_window": "request-level span wholly outside its request's client/server span",
     "clock_shift": "server span starts before its client span, after clock alignment",
     "rejected_span": "span the importer could not store (a bad id or time; not in the table)",
-    "estimated_span": "span the source estimated, not measured (e.g. Dynamo's kv_transfer, "
-    "an upper bound; attributed as given)",
+    "estimated_span": "span the source estimated, not measured (Dynamo's kv_transfer, an "
+    "upper bound; a server's reported timings, placed by the client: attributed only "
+    "without measured server spans)",
     "reused_step_id": "prefill chunk whose (service, step_id) names steps of several engine "
     "traces (a restart, replicas sharing a service name): joined to the nearest in time",
 }

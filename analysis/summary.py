@@ -133,8 +133,9 @@ class Summary:
     unfinished run.
     ``load`` (see ``analysis.load``: ``duration_s`` of the run from the client's view,
     ``requests`` completed, ``requests_per_s``, ``output_tokens``, ``output_tokens_per_s``,
-    the rates None for a zero duration, and ``e2e_ms``: ``p50, p90, p99, mean, requests``
-    of the completed requests' client spans, None without one) is None when the trace has
+    the rates None for a zero duration, ``e2e_ms``: ``p50, p90, p99, mean, requests``
+    of the completed requests' client spans, None without one, and ``content_filter``: the
+    completed requests the server's content filter ended) is None when the trace has
     no client span; ``goodput`` (``slo``, ``requests`` meeting every SLO, their ``share``
     of the ok and failed requests, ``per_s``; with a TTFT SLO, ``ttft_stages``: each
     stage's rescue share of the requests missing it and the smallest set of stages to cut,
@@ -283,6 +284,7 @@ def load_summary(values: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
         "output_tokens": found.output_tokens,
         "output_tokens_per_s": found.per_s(found.output_tokens),
         "e2e_ms": {**_ms(e2e), "requests": int(len(e2e))} if len(e2e) else None,
+        "content_filter": found.content_filter,
     }
 
 

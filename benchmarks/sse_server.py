@@ -6,7 +6,8 @@ Plain asyncio, raw HTTP/1.1 with keep-alive, bound to 127.0.0.1 on a free port; 
 ``PORT <n>`` on stdout once it listens and runs until stdin closes (or a signal). Any POST
 (``/v1/completions``, ``/v1/chat/completions``) is answered with a chunked
 ``text/event-stream``: headers at once, then after ``--first-ms`` the first SSE chunk, then
-``--chunks - 1`` more ``--gap-ms`` apart, a usage chunk and ``data: [DONE]``.
+``--chunks - 1`` more ``--gap-ms`` apart (the last with finish reason ``length``), a
+usage chunk and ``data: [DONE]``.
 
 ``GET /log`` returns, as a JSON object, the log of every completion request answered since
 the last ``GET /log`` (which it then clears): one record per request, keyed by the trace id
@@ -57,13 +58,16 @@ class Server:
         base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": 0, "model": "sse-test"}
 
-        def choice(text: str) -> dict[str, object]:
+        def choice(text: str, finish: str | None) -> dict[str, object]:
             if chat:
-                return {"index": 0, "delta": {"content": text}, "finish_reason": None}
-            return {"index": 0, "text": text, "finish_reason": None}
+                return {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+            return {"index": 0, "text": text, "finish_reason": finish}
 
-        out = [_chunk(_event({**base, "choices": [choice(f" tok{i}")]}))
-               for i in range(self.chunks)]
+        # the last content chunk carries the finish reason: without one the client counts
+        # the stream as cut short (truncated)
+        out = [_chunk(_event({**base, "choices": [
+            choice(f" tok{i}", "length" if i == self.chunks - 1 else None)]}))
+            for i in range(self.chunks)]
         usage = {"prompt_tokens": 4, "completion_tokens": self.chunks, "total_tokens":
                  4 + self.chunks}
         out[-1] += _chunk(_event({**base, "choices": [], "usage": usage}))

@@ -1,6 +1,8 @@
 """One request of the load generator: the sink its connection reports the response to, the
-SSE parsing that finds the client events, and the request's span rows when it ends
-(docs/design.md, stages ``client`` and ``connect``, the client events)."""
+SSE parsing that finds the client events and the stream's end (its finish reason decides
+the outcome: ``_finish_reasons``), and the request's span rows when it ends (docs/design.md,
+stages ``client`` and ``connect``, the client events), with the spans placed from the
+timings the server reported in its response (``server_timings``)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ttft.collectors._finish_reasons import ABORTED, finish_of
 from ttft.collectors._pool import Pool
 from ttft.collectors._sender import Connection, StaleConnection
 from ttft.collectors.rows import Event, span_rows
+from ttft.collectors.server_timings import capture, reported_spans
 from ttft.collectors.workloads import WorkItem
 from ttft.tracer.api import clock_ns
 from ttft.tracer.context import new_span_id, new_trace_id
 from ttft.tracer.schema import (
     ATTR_CACHED_TOKENS,
     ATTR_ERROR,
+    ATTR_ESTIMATED,
+    ATTR_FINISH_REASON,
     ATTR_OUTCOME,
     ATTR_PROMPT_TOKENS,
     ATTR_STATUS_CODE,
@@ -26,6 +32,7 @@ from ttft.tracer.schema import (
     EV_FIRST_TOKEN,
     EV_TOKEN,
     OUTCOME_OK,
+    REPORTED_SERVICE,
 )
 
 SERVICE = "loadgen"
@@ -117,6 +124,10 @@ class Request:
         self.got_body = self.got_event = self.got_done = self.got_finish = False
         self.got_reasoning = False
         self.outcome: str | None = None  # set where a failure is found; None: not (yet)
+        self.finish_reason: str | None = None  # the first one a choice carried
+        self.unknown_finish = False  # a string finish reason no source defines
+        self.headers: dict[str, str] = {}
+        self.reported: dict[str, Any] = {}  # server_timings.capture's fields
 
     def event(self, name: str, ns: int | None = None) -> None:
         self.events.append((name, clock_ns() if ns is None else ns))
@@ -132,6 +143,7 @@ class Request:
     def on_headers(self, status: int, headers: dict[str, str], ns: int) -> None:
         self.event("headers", ns)
         self.result.status_code = status
+        self.headers = headers
 
     def on_body(self, data: bytes, ns: int) -> None:
         if not self.got_body:
@@ -166,6 +178,8 @@ class Request:
                       f"HTTP {status}: {text[:300]}")
         elif not (self.got_done or self.got_finish):
             self.fail("disconnected", "stream ended without [DONE] or a finish reason")
+        elif not self.got_finish:
+            self.fail("truncated", "stream ended with [DONE] but no finish reason")
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
 
@@ -183,11 +197,12 @@ class Request:
             return
         if self.result.request_id is None and payload.get("id"):
             self.result.request_id = str(payload["id"])
+        capture(payload, self.reported)
         for choice in payload.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
             if choice.get("finish_reason"):
-                self.got_finish = True
+                self.on_finish(choice["finish_reason"])
             delta = choice.get("delta")
             if delta is not None and not isinstance(delta, dict):
                 delta = {}  # a malformed delta carries nothing
@@ -208,6 +223,19 @@ class Request:
             details = usage.get("prompt_tokens_details") or {}
             self.result.cached_tokens = details.get("cached_tokens")
 
+    def on_finish(self, value: Any) -> None:
+        """A choice carried a finish reason: the first one is recorded; an ``abort``,
+        ``error`` or failing object one makes the request ``aborted``."""
+        found = finish_of(value)
+        if found is None:
+            return
+        self.got_finish = True
+        if self.finish_reason is None:
+            self.finish_reason, self.unknown_finish = found.reason, not found.known
+        if found.failed:
+            self.fail(ABORTED, f"finish reason {found.reason!r}"
+                      + (f": {found.message}" if found.message else ""))
+
     def _client_attributes(self) -> dict[str, Any]:
         r = self.result
         attrs: dict[str, Any] = {
@@ -224,12 +252,18 @@ class Request:
             attrs["condition"] = "prefix_hit" if r.cached_tokens > 0 else "cold"
         if r.error is not None:
             attrs[ATTR_ERROR] = r.error
+        if self.finish_reason is not None:
+            attrs[ATTR_FINISH_REASON] = self.finish_reason
+            if self.unknown_finish:
+                attrs["finish_reason_unknown"] = True
         return attrs
 
     def finish(self, end_ns: int) -> RequestResult:
         """Fill in the result and its rows (:func:`ttft.collectors.rows.span_rows`): the
-        ``client`` span with the client events in time order, and a ``connect`` child when
-        the request waited for a new connection."""
+        ``client`` span with the client events in time order, a ``connect`` child when
+        the request waited for a new connection, and the spans placed from the timings
+        the server reported (service ``REPORTED_SERVICE``, children of the client span,
+        each marked ``ATTR_ESTIMATED``)."""
         r = self.result
         r.outcome = self.outcome or OUTCOME_OK
         r.e2e_s = (end_ns - self.start_ns) / 1e9
@@ -254,6 +288,15 @@ class Request:
                 "connect", span_id=f"{new_span_id():016x}", parent_id=client_id,
                 start_ns=start, end_ns=max(start, p.get("connected", end_ns)),
                 attributes={"tls": self.tls}, **common)
+        if self.headers or self.reported:
+            common["service"] = REPORTED_SERVICE
+            for span in reported_spans(self.headers, self.reported, start_ns=self.start_ns,
+                                       first_token_ns=first[0] if first else None,
+                                       end_ns=end_ns):
+                r.rows += span_rows(
+                    span.name, span_id=f"{new_span_id():016x}", parent_id=client_id,
+                    start_ns=span.start_ns, end_ns=span.end_ns,
+                    attributes={**span.attributes, ATTR_ESTIMATED: span.estimated}, **common)
         return r
 
 

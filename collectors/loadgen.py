@@ -31,10 +31,11 @@ from ttft.collectors._client_request import SERVICE, Request, RequestResult, sen
 from ttft.collectors._pool import Pool
 from ttft.collectors._sender import Origin, wait_until
 from ttft.collectors._spans import to_span_table
+from ttft.collectors.run_counts import smallest_examples
 from ttft.collectors.workloads import WorkItem, Workload
 from ttft.tracer.api import clock_ns
 from ttft.tracer.context import format_traceparent
-from ttft.tracer.schema import OUTCOME_CANCELLED
+from ttft.tracer.schema import ATTR_ESTIMATED, OUTCOME_CANCELLED
 
 if TYPE_CHECKING:
     from ttft.collectors.writer import TraceWriter
@@ -43,6 +44,8 @@ __all__ = ["SERVICE", "RequestResult", "results_table", "run"]
 
 logger = logging.getLogger(__name__)
 
+_ESTIMATED = f'"{ATTR_ESTIMATED}"'
+"""How an estimated span's attributes text names the key (``rows.attributes_json``)."""
 START_DELAY_NS = 2_000_000
 """The schedule starts this long after the warm-up, so the first request is not late."""
 CANCELLED_ERROR = "the run stopped before the response ended"
@@ -87,10 +90,15 @@ class _RowSink:
 
     Failure: a failed append is logged and remembered (the first one); :meth:`close` returns
     it after the rows queued before it were appended.
+
+    The spans placed from timings a server reported (``ATTR_ESTIMATED``) are counted, and
+    :meth:`close` adds them to the writer's run metadata as ``estimated`` (the
+    ``estimated_span`` defect, as an importer counts Dynamo's estimates).
     """
 
     def __init__(self, writer: TraceWriter) -> None:
         self._writer = writer
+        self._estimated: list[str] = []  # trace id of each estimated span
         self._queue: queue.SimpleQueue[list[dict[str, Any]] | None] = queue.SimpleQueue()
         self._error: Exception | None = None
         self._thread = threading.Thread(target=self._drain, name="ttft-loadgen-rows",
@@ -103,6 +111,7 @@ class _RowSink:
 
     def _drain(self) -> None:
         while (rows := self._queue.get()) is not None:
+            self._estimated += [r["trace_id"] for r in rows if _ESTIMATED in r["attributes"]]
             try:
                 self._writer.append(rows)
             except Exception as exc:
@@ -113,6 +122,14 @@ class _RowSink:
         """Append every queued request's rows, stop the thread; the first failure or None."""
         self._queue.put(None)
         self._thread.join()
+        if self._estimated:  # one run per writer: its count is the run's
+            try:
+                self._writer.set_metadata(estimated={
+                    "count": len(self._estimated),
+                    "examples": smallest_examples([self._estimated])})
+            except Exception as exc:
+                logger.exception("%s: cannot record the estimated spans", self._writer.path)
+                self._error = self._error or exc
         return self._error
 
 

@@ -102,6 +102,9 @@ def render_load(summary: Summary, console: Console) -> None:
         rates = (f"{_rate(load['requests_per_s'], 'requests')}, "
                  f"{_rate(load['output_tokens_per_s'], 'output tokens')}")
         text = f"{load['requests']:,} requests completed in {load['duration_s']:,.2f} s: "
+        filtered = load.get("content_filter") or 0
+        if filtered:  # ok, so in TTFT, but the answer was cut by the server's filter
+            rates += f"; {filtered:,} of them ended by the content filter"
         console.print(labelled("load:", "bold", text + rates))
         if load["e2e_ms"]:
             console.print(_figure_line("end-to-end latency", load["e2e_ms"], "requests"))

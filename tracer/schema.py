@@ -68,6 +68,8 @@ STAGES: Final[tuple[Stage, ...]] = (
     Stage("client", "request", 1, "client span: request handed to the HTTP client to last byte"),
     Stage("connect", "request", 2, "TCP/TLS connect when a new connection was opened"),
     Stage("server", "request", 3, "request at the server, received to response end"),
+    Stage("route", "request", 5, "a gateway or router choosing the endpoint that serves the "
+          "request (admission, filters, scorers, prefix-cache lookups, the pick)"),
     Stage("tokenize", "request", 12, "prompt to token ids"),
     Stage("queue", "request", 6, "waiting for admission into the running batch"),
     Stage("schedule", "request", 8, "scheduler CPU work of the iteration admitting the request"),
@@ -95,8 +97,8 @@ STAGES: Final[tuple[Stage, ...]] = (
 )
 """The stage vocabulary of docs/design.md, in the order a request meets them; priorities encode
 the exclusive order ``gpu > forward > prefill.chunk > kv_transfer > sample > detokenize =
-tokenize > holdback > deliver > stream > schedule > batch_wait > queue = preempted > prefill >
-other > server > connect > client`` (docs/attribution.md, "Stages and their order")."""
+tokenize > holdback > deliver > stream > schedule > batch_wait > queue = preempted > prefill =
+route > other > server > connect > client`` (docs/attribution.md, "Stages and their order")."""
 
 STAGE_BY_NAME: Final[dict[str, Stage]] = {s.name: s for s in STAGES}
 STAGE_NAMES: Final[tuple[str, ...]] = tuple(s.name for s in STAGES)
@@ -172,14 +174,23 @@ OUTCOMES: Final[tuple[str, ...]] = (
     "shed",
     "timeout",
     "disconnected",
+    "aborted",
+    "truncated",
     "client_error",
     OUTCOME_CANCELLED,
 )
-"""``ok``: a 200 whose stream completed its framing with ``[DONE]`` or a finish reason;
-``http_error``: another status, or an error or unreadable event in the stream (with the
-status); ``shed``: 429 or 503; ``timeout``: the client's limit ran out; ``disconnected``:
-the connection closed or the stream ended before completing its framing or a finish
-reason; ``client_error``: the request could not be sent (no connection); ``cancelled``:
+"""``ok``: a 200 whose stream completed its framing with ``[DONE]`` or a finish reason, and
+whose finish reason is not a failure: ``stop``, ``length``, ``tool_calls``,
+``function_call``, ``content_filter`` (counted apart: ``FINISH_CONTENT_FILTER``) or a
+string not known to mean one (kept in ``ATTR_FINISH_REASON``); ``http_error``: another
+status, or an error or unreadable event in the stream (with the status); ``shed``: 429 or
+503; ``timeout``: the client's limit ran out; ``disconnected``: the connection closed or the
+stream ended before completing its framing or a finish reason; ``aborted``: the server
+ended the stream with finish reason ``abort`` or ``error`` (vLLM), or an object-valued one
+(SGLang's ``{"type": "abort", ...}``) whose ``type`` is not ``stop`` or ``length``;
+``truncated``: the stream ended with ``[DONE]`` but no choice ever carried a finish reason
+(a server that cut the answer short; docs/attribution.md, "Outcomes from the stream's
+end"); ``client_error``: the request could not be sent (no connection); ``cancelled``:
 the run stopped (Ctrl-C, SIGTERM) while the request was in flight, so its client span
 ends there. A cancelled request is an outcome of the run, not a defect of its data: the
 server spans it left (a ``server`` span that never ended, children without it) are not
@@ -187,6 +198,17 @@ counted as data-quality defects."""
 ATTR_OUTCOME: Final = "outcome"
 ATTR_STATUS_CODE: Final = "status_code"
 ATTR_ERROR: Final = "error"
+ATTR_FINISH_REASON: Final = "finish_reason"
+"""The client span's finish reason, as the stream's end gave it (an object-valued one: its
+``type``); absent when no choice carried one."""
+FINISH_CONTENT_FILTER: Final = "content_filter"
+"""The finish reason of an ``ok`` request whose answer the server's content filter ended:
+counted apart (``ttft analyze --json``: ``load.content_filter``)."""
+REPORTED_SERVICE: Final = "server-reported"
+"""The ``service`` of the spans the load generator places from the timings a server reported
+in its response (``collectors.server_timings``): on the ``client`` clock, children of the
+client span, each marked ``ATTR_ESTIMATED``. Analysis attributes them only in a request
+without measured server-side spans (docs/attribution.md, "Server-reported timings")."""
 
 
 @dataclass(frozen=True)

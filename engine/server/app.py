@@ -43,6 +43,8 @@ def build_engine(
     disaggregate: bool = False,
     first_token: str = "decode",
     kv_channel: str = "socket",
+    preemption: str = "off",
+    num_blocks: int | None = None,
 ) -> Engine:
     """A (not yet started) engine over a random-weight model of preset ``model``.
 
@@ -51,6 +53,8 @@ def build_engine(
     ``disaggregate``: a ``ttft.engine.disagg.DisaggEngine`` (a prefill worker process and
     the decode worker here; ``first_token``: ``decode`` or ``prefill``, where the first
     token is delivered from; ``kv_channel``: ``socket`` or ``shm``, how K/V blocks travel).
+    ``preemption``: ``EngineConfig.preemption``; ``num_blocks``: the K/V cache's blocks
+    (default ``EngineConfig``'s).
 
     Raises:
         ValueError: unknown preset, an invalid engine configuration, a bad ``first_token``
@@ -65,6 +69,8 @@ def build_engine(
         max_queue=max_queue,
         max_running=min(16, max_batch_tokens),
         inject_delay_ms=dict(inject_delay_ms or {}),
+        preemption=preemption,
+        **({} if num_blocks is None else {"num_blocks": num_blocks}),
     )
     if disaggregate:
         from ttft.engine.disagg import DisaggEngine
@@ -104,6 +110,7 @@ def create_app(
     api_key: str | None = None,
     traced: bool = True,
     stop_timeout_s: float = _STOP_TIMEOUT_S,
+    report_timings: bool = False,
 ) -> Any:
     """An OpenAI-compatible ASGI application serving ``engine`` as model ``model_name``
     (endpoints: ``ttft.engine.server.routes``).
@@ -118,12 +125,14 @@ def create_app(
             ``/redoc`` are never served.
         traced: wrap the application in ``TTFTMiddleware`` (default).
         stop_timeout_s: the longest shutdown waits for the engine's worker.
+        report_timings: answers carry their generation's times, as llama.cpp's ``timings``
+            and (whole answers) a ``Server-Timing`` header (``ttft.engine.server.timings``).
     """
     # the schema is served by a route behind the API key (routes.openapi), the docs not at all
     app = FastAPI(title="ttft", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ttft = ServerState(
         engine, model_name, Metrics(model_name, engine), api_key, int(time.time()),
-        stop_timeout_s
+        stop_timeout_s, report_timings
     )
     add_error_handlers(app)
     app.include_router(router)
@@ -141,6 +150,7 @@ def serve(
     drain_s: float = 5.0,
     log_level: str = "info",
     sock: socket.socket | None = None,
+    report_timings: bool = False,
 ) -> None:
     """Serve ``engine`` with uvicorn until SIGINT/SIGTERM, tracing to ``exporters``.
 
@@ -151,6 +161,7 @@ def serve(
         sock: a socket already bound (``ttft serve`` binds before it loads the model, so a
             busy port fails at once); uvicorn listens on it and closes it. None: uvicorn
             binds ``host``:``port`` itself.
+        report_timings: see `create_app`.
     """
     import uvicorn
 
@@ -163,7 +174,8 @@ def serve(
     # --trace-out file never merged): a handler makes it an exit, with the usual status.
     previous = _exit_on(signal.SIGTERM)
     try:
-        app = create_app(engine, model_name=model_name, api_key=api_key)
+        app = create_app(engine, model_name=model_name, api_key=api_key,
+                         report_timings=report_timings)
         config = uvicorn.Config(
             app,
             host=host,

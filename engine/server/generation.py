@@ -11,6 +11,9 @@ the first text: ``holdback`` while that text waits for later tokens (a split UTF
 character, a possible stop-string prefix, or, not streamed, the rest of the answer), with
 the reason and how many tokens it waited for; then ``deliver`` (``leg="to_send"``) from
 the moment the text was ready to the start of the send of the body chunk that carries it.
+
+With ``report_timings`` the answer also says what the generation's times were (the final
+chunk's or the body's ``timings``, a whole answer's ``Server-Timing``; ``timings``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ttft.engine.engine import EngineStopped
 from ttft.engine.server.errors import APIError
 from ttft.engine.server.metrics import Metrics
 from ttft.engine.server.models import Response
+from ttft.engine.server.timings import Timings
 from ttft.engine.stream import RequestStream, TokenEvent
 from ttft.tracer import clock_ns, record
 
@@ -83,12 +87,15 @@ class Generation:
         stops: the stop strings (empty ones ignored).
         metrics: the application's metrics.
         received_ns: when the endpoint received the request (``clock_ns()``).
+        report_timings: say the generation's times in the answer (`timings`).
     """
 
     def __init__(
-        self, stream: RequestStream, stops: Sequence[str], metrics: Metrics, received_ns: int
+        self, stream: RequestStream, stops: Sequence[str], metrics: Metrics, received_ns: int,
+        report_timings: bool = False,
     ) -> None:
         self.stream = stream
+        self.report_timings = report_timings
         self.stops = [s for s in stops if s]
         self.metrics = metrics
         self.received_ns = received_ns
@@ -138,6 +145,18 @@ class Generation:
             self.stream.cancel()
             self._account("error" if isinstance(e, Exception) else "cancelled", last)
             raise
+
+    def timings(self) -> Timings | None:
+        """The ended generation's times, when ``report_timings`` asked for them and it was
+        admitted and made a token; else None."""
+        admitted, queue_s = self.stream.admitted_ns, self.stream.queue_seconds
+        usage = self.outcome.usage
+        if not (self.report_timings and admitted and self._first_ns and usage):
+            return None
+        return Timings(self.received_ns, round(queue_s * 1e9) if queue_s else 0, admitted,
+                       self._first_ns, self._last_ns, clock_ns(), usage["prompt_tokens"],
+                       usage["prompt_tokens_details"]["cached_tokens"],
+                       usage["completion_tokens"])
 
     def close(self) -> None:
         """Cancel the engine request unless it finished (idempotent)."""
@@ -222,8 +241,9 @@ def _traced_send(gen: Generation, send: Any) -> Any:
 class _EngineJSONResponse(JSONResponse):
     """The whole answer of a generation, its ``deliver`` recorded as its body is sent."""
 
-    def __init__(self, content: Any, generation: Generation) -> None:
-        super().__init__(content)
+    def __init__(self, content: Any, generation: Generation,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(content, headers=headers)
         self._generation = generation
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -247,7 +267,11 @@ async def complete(gen: Generation, response: Response) -> JSONResponse:
     finally:
         gen.close()
     body = response.whole(text, gen.outcome.finish_reason, gen.outcome.usage)
-    return _EngineJSONResponse(body, gen)
+    timings = gen.timings()
+    if timings is None:
+        return _EngineJSONResponse(body, gen)
+    body["timings"] = timings.llama()
+    return _EngineJSONResponse(body, gen, {"Server-Timing": timings.server_timing()})
 
 
 def sse(payload: Any) -> bytes:
@@ -272,7 +296,10 @@ async def _events(gen: Generation, response: Response, include_usage: bool) -> A
         yield sse(APIError(500, f"generation failed: {e}", type="server_error").body())
         yield _DONE
         return
-    yield sse(response.chunk([response.choice(None, gen.outcome.finish_reason)], include_usage))
+    timings = gen.timings()
+    extra = {} if timings is None else {"timings": timings.llama()}
+    yield sse(response.chunk([response.choice(None, gen.outcome.finish_reason)], include_usage,
+                             **extra))
     if include_usage:
         yield sse(response.chunk([], include_usage, usage=gen.outcome.usage))
     yield _DONE

@@ -58,6 +58,8 @@ class ServerState:
             None for none.
         created: the model card's ``created`` (Unix seconds the app was made).
         stop_timeout_s: the longest shutdown waits for the engine's worker.
+        report_timings: answers say their generation's times (``ttft serve
+            --report-timings``; ``ttft.engine.server.timings``).
     """
 
     engine: Engine
@@ -66,6 +68,7 @@ class ServerState:
     api_key: str | None
     created: int
     stop_timeout_s: float
+    report_timings: bool = False
 
     @property
     def max_model_len(self) -> int:
@@ -172,7 +175,7 @@ async def _generate(body: SamplingRequest, prompt: str | list[int], request: Req
         submitted = await state.engine.submit(prompt, max_tokens, sampling, request_id=rid)
     except (QueueFull, EngineStopped, ValueError) as e:
         raise _submit_error(e, body) from None
-    gen = Generation(submitted, body.stops, state.metrics, received_ns)
+    gen = Generation(submitted, body.stops, state.metrics, received_ns, state.report_timings)
     response = Response(rid, int(time.time()), state.model_name, isinstance(body, ChatRequest))
     if body.stream:
         return stream(gen, response, body.include_usage)

@@ -92,6 +92,16 @@ def serve(
     max_batch_tokens: Annotated[int, typer.Option(min=1, help="token budget per step")] = 512,
     chunk_size: Annotated[int, typer.Option(min=1, help="prefill chunk size")] = 256,
     max_queue: Annotated[int, typer.Option(min=1, help="waiting requests before 429")] = 64,
+    preemption: Annotated[
+        str,
+        typer.Option(help="'off' (reserve every block a request can grow into) or "
+                     "'recompute' (reserve the prompt's; when K/V blocks run out, preempt the "
+                     "request admitted last and recompute it later, as vLLM does)"),
+    ] = "off",
+    kv_blocks: Annotated[
+        int, typer.Option(min=1, help="K/V cache blocks of 16 positions (a small pool "
+                          "makes --preemption recompute preempt)"),
+    ] = 1024,
     api_key: Annotated[
         str | None,
         typer.Option(
@@ -123,6 +133,13 @@ def serve(
                      "side after the K/V transfer (TTFT includes it) or from the 'prefill' "
                      "side at once (the transfer shows in the second token)"),
     ] = "decode",
+    report_timings: Annotated[
+        bool,
+        typer.Option(help="say each answer's times in it, for clients that get no spans: "
+                     "a llama.cpp-style 'timings' object (with queue_ms) in the final stream "
+                     "chunk or the body, and a Server-Timing header (server_queue, "
+                     "server_ttft, server_e2e) on whole answers"),
+    ] = False,
     kv_channel: Annotated[
         str | None,
         typer.Option(help="with --disaggregate: how the K/V blocks travel, 'socket' (the "
@@ -143,6 +160,10 @@ def serve(
         raise fail("--kv-channel needs --disaggregate (no K/V transfer otherwise)")
     if kv_channel not in (None, "socket", "shm"):
         raise fail(f"--kv-channel {kv_channel!r}: expected socket or shm")
+    if preemption not in ("off", "recompute"):
+        raise fail(f"--preemption {preemption!r}: expected off or recompute")
+    if preemption != "off" and disaggregate:
+        raise fail("--preemption recompute is not supported with --disaggregate")
     delays = _delays(inject_delay or [])
     if "kv_transfer" in delays and not disaggregate:
         raise fail("--inject-delay kv_transfer=MS needs --disaggregate (no transfer otherwise)")
@@ -161,6 +182,8 @@ def serve(
             disaggregate=disaggregate,
             first_token=first_token,
             kv_channel=kv_channel or "socket",
+            preemption=preemption,
+            num_blocks=kv_blocks,
         )
     except ValueError as exc:
         sock.close()
@@ -171,6 +194,7 @@ def serve(
     port = sock.getsockname()[1]  # the OS's pick for --port 0
     mode = (f", disaggregated (first token from {first_token}, K/V over "
             f"{kv_channel or 'socket'})" if disaggregate else "")
+    mode += ", recompute preemption" if preemption == "recompute" else ""
     err.print(f"serving model {model!r}{mode} on http://{host}:{port}/v1 (Ctrl-C to stop)")
     run_server(engine, host=host, port=port, api_key=api_key, exporters=exporters,
-               model_name=model, sock=sock)
+               model_name=model, sock=sock, report_timings=report_timings)

@@ -126,12 +126,18 @@ def trace(
     for note in run.notes:  # approximate prompt lengths and why; a model not checked
         err.print(plain(note, "yellow"), soft_wrap=True)
     if run.server_spans == 0:
+        from ttft.tracer.schema import REPORTED_SERVICE
+
+        reported = sum(any(row["service"] == REPORTED_SERVICE for row in r.rows)
+                       for r in run.results)
         err.print(
             Text.assemble(
                 plain(f"the server sent no spans to {run.receiver}", "yellow"),
                 Text(
                     ": the analysis below is the client's view only (connect, network and "
-                    "the rest of TTFT)",
+                    "the rest of TTFT)" if not reported else
+                    ": the analysis below is the client's view and the timings the server "
+                    f"reported in {reported} of its responses (estimated spans)",
                     style="yellow",
                 ),
             )

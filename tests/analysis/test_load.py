@@ -59,6 +59,7 @@ def test_throughput_is_over_the_run_from_first_start_to_last_end(analysed):
         "e2e_ms": {"p50": 200.0, "p90": float(np.percentile([100.0, 200.0, 300.0], 90)),
                    "p99": float(np.percentile([100.0, 200.0, 300.0], 99)), "mean": 200.0,
                    "requests": 3},
+        "content_filter": 0,
     }
     assert analysed.summary.goodput is None and "goodput" not in analysed.summary.to_dict()
 

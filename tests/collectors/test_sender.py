@@ -281,7 +281,7 @@ def chunked(*chunks: bytes, extension: bytes = b"", trailers: bytes = b"") -> by
 
 
 SSE = (b'data: {"id":"r1","choices":[{"text":"Hel"}]}\n\n'
-       b'data: {"id":"r1","choices":[{"text":"lo"}]}\n\n'
+       b'data: {"id":"r1","choices":[{"text":"lo","finish_reason":"stop"}]}\n\n'
        b"data: [DONE]\n\n")
 STREAM = chunked(SSE[:40], SSE[40:], extension=b";foo=bar",
                  trailers=b"X-Checksum: abc\r\nX-Other: 1\r\n")
@@ -857,6 +857,8 @@ async def send_one(url: str, timeout_s: float):
         (Reply((chunked(_TEXT + _FINISH),)), "ok", None),  # a finish reason, no [DONE]
         (Reply((chunked(_TEXT),)), "disconnected",
          "stream ended without [DONE] or a finish reason"),
+        (Reply((chunked(_TEXT, b"data: [DONE]\n\n"),)), "truncated",
+         "stream ended with [DONE] but no finish reason"),  # a server cut it short
         # [DONE] sent, then the connection dropped before the chunked framing ended
         (Reply((b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                 b"%x\r\n%s\r\n" % (len(SSE), SSE),), close=True), "disconnected",
@@ -870,8 +872,8 @@ async def send_one(url: str, timeout_s: float):
          "bad SSE data: '{not json'"),
         (Reply(), "timeout", "timed out after 0.3 s"),  # read, never answered
     ],
-    ids=["done", "finish-reason", "no-end", "dropped-after-done", "429", "503", "404",
-         "error-event", "bad-event", "timeout"],
+    ids=["done", "finish-reason", "no-end", "done-no-finish", "dropped-after-done", "429",
+         "503", "404", "error-event", "bad-event", "timeout"],
 )
 def test_every_request_gets_an_outcome_on_its_client_span(reply, outcome, error):
     async def main():

@@ -122,8 +122,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        chunks = [{"id": f"cmpl-{index}", "choices": [{"index": 0, "text": text}]}
-                  for text in ("Hello", " there")]
+        chunks = [{"id": f"cmpl-{index}", "choices": [{"index": 0, "text": text,
+                                                       "finish_reason": finish}]}
+                  for text, finish in (("Hello", None), (" there", "length"))]
         chunks.append({"id": f"cmpl-{index}", "choices": [],
                        "usage": {"prompt_tokens": 4, "completion_tokens": 2}})
         for event in [*(json.dumps(c) for c in chunks), "[DONE]"]:

@@ -107,7 +107,7 @@ def test_analyze_json_with_slo_carries_load_and_goodput(trace):
     assert list(out)[-2:] == ["load", "goodput"]
     load, good = out["load"], out["goodput"]
     assert set(load) == {"duration_s", "requests", "requests_per_s", "output_tokens",
-                         "output_tokens_per_s", "e2e_ms"}
+                         "output_tokens_per_s", "e2e_ms", "content_filter"}
     assert load["requests"] == 300 and load["e2e_ms"]["requests"] == 300
     assert load["requests_per_s"] == load["requests"] / load["duration_s"]
     assert good["slo"] == {"ttft_ms": 500.0, "tpot_ms": 50.0}

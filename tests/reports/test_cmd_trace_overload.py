@@ -33,8 +33,10 @@ def serial_server() -> Starlette:
 
         async def chunks():
             for i in range(body["max_tokens"]):
+                last = i == body["max_tokens"] - 1
                 chunk = {"id": "cmpl-1", "choices": [{"index": 0, "text": f" w{i}",
-                                                      "finish_reason": None}]}
+                                                      "finish_reason": "length" if last
+                                                      else None}]}
                 yield f"data: {json.dumps(chunk)}\n\n"
             yield "data: [DONE]\n\n"
 

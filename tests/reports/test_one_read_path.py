@@ -53,9 +53,11 @@ def vllm_like(receiver_port: int) -> tuple[Starlette, TracerProvider]:
 
         async def stream():
             await asyncio.sleep(TTFT_S)
-            for i in range(int(body.get("max_tokens", 2))):
+            n = int(body.get("max_tokens", 2))
+            for i in range(n):
+                finish = "length" if i == n - 1 else None
                 chunk = {"id": request_id, "object": "text_completion",
-                         "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+                         "choices": [{"index": 0, "text": f" t{i}", "finish_reason": finish}]}
                 yield f"data: {json.dumps(chunk)}\n\n".encode()
             yield b"data: [DONE]\n\n"
             span = tracer.start_span("llm_request", context=parent, start_time=arrival_ns,
