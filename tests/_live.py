@@ -1,4 +1,5 @@
-"""Helpers shared by tests: a collecting span exporter and a uvicorn server on loopback.
+"""Helpers shared by tests: a collecting span exporter, a uvicorn server on loopback and the
+frame of a stand-in OpenAI-compatible server.
 
 Importable from every test module (``tests/`` is on ``sys.path`` through its conftest)."""
 
@@ -10,13 +11,16 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pyarrow as pa
 import uvicorn
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 TIMEOUT_S = 20.0
 
@@ -103,3 +107,18 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 30
         proc.kill()
         proc.wait()
         raise
+
+
+def sse(payload: dict) -> str:
+    """One server-sent event carrying ``payload`` as JSON."""
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def stand_in_app(endpoint: str, handler: Callable, model: str = "m") -> Starlette:
+    """A stand-in OpenAI-compatible server: ``/v1/models`` lists ``model`` and
+    ``POST /v1/{endpoint}`` (``completions`` or ``chat/completions``) is ``handler``."""
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [{"id": model, "object": "model"}]})
+
+    return Starlette(routes=[Route("/v1/models", models),
+                             Route(f"/v1/{endpoint}", handler, methods=["POST"])])

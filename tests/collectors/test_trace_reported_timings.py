@@ -9,11 +9,10 @@ import asyncio
 import itertools
 import json
 
-from _live import running
+from _live import running, sse, stand_in_app
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import Response, StreamingResponse
 
 from ttft.analysis import analyze
 from ttft.collectors import TraceSpec, read_spans, run_metadata, trace_server
@@ -37,7 +36,7 @@ def llama_cpp() -> Starlette:
             payload = {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
                        "created": 1735689600, "id": rid, "model": "m",
                        "object": "chat.completion.chunk", **extra}
-            return f"data: {json.dumps(payload)}\n\n"
+            return sse(payload)
 
         async def stream():
             yield chunk({"role": "assistant", "content": None})
@@ -53,11 +52,7 @@ def llama_cpp() -> Starlette:
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
-
-    return Starlette(routes=[Route("/v1/models", models),
-                             Route("/v1/chat/completions", chat, methods=["POST"])])
+    return stand_in_app("chat/completions", chat)
 
 
 def test_llama_cpp_timings_become_an_estimated_prefill_before_the_first_token(tmp_path):

@@ -6,13 +6,11 @@ such line)."""
 from __future__ import annotations
 
 import asyncio
-import json
 
-from _live import running
+from _live import running, sse, stand_in_app
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import Response, StreamingResponse
 from typer.testing import CliRunner
 
 from ttft.reports.cli import app
@@ -34,19 +32,13 @@ def serial_server() -> Starlette:
         async def chunks():
             for i in range(body["max_tokens"]):
                 last = i == body["max_tokens"] - 1
-                chunk = {"id": "cmpl-1", "choices": [{"index": 0, "text": f" w{i}",
-                                                      "finish_reason": "length" if last
-                                                      else None}]}
-                yield f"data: {json.dumps(chunk)}\n\n"
+                yield sse({"id": "cmpl-1", "choices": [
+                    {"index": 0, "text": f" w{i}", "finish_reason": "length" if last else None}]})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
-
-    return Starlette(routes=[Route("/v1/models", models),
-                             Route("/v1/completions", completions, methods=["POST"])])
+    return stand_in_app("completions", completions)
 
 
 def trace(url: str, out, rate: float, requests: int):

@@ -10,11 +10,10 @@ import itertools
 import json
 
 import pytest
-from _live import running
+from _live import running, sse, stand_in_app
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import Response, StreamingResponse
 from typer.testing import CliRunner
 
 from ttft.collectors import read_spans
@@ -36,22 +35,16 @@ def stand_in(finish: object, *, with_finish: bool = True) -> Starlette:
 
         async def chunks():
             for i in range(body["max_tokens"]):
-                chunk = {"id": rid, "choices": [{"index": 0, "text": f" w{i}",
-                                                      "finish_reason": None}]}
-                yield f"data: {json.dumps(chunk)}\n\n"
+                yield sse({"id": rid, "choices": [{"index": 0, "text": f" w{i}",
+                                                   "finish_reason": None}]})
             if with_finish:
-                end = {"id": rid, "choices": [{"index": 0, "text": "",
-                                                    "finish_reason": finish}]}
-                yield f"data: {json.dumps(end)}\n\n"
+                yield sse({"id": rid, "choices": [{"index": 0, "text": "",
+                                                   "finish_reason": finish}]})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
-
-    return Starlette(routes=[Route("/v1/models", models),
-                             Route("/v1/completions", completions, methods=["POST"])])
+    return stand_in_app("completions", completions)
 
 
 def traced(server: Starlette, tmp_path) -> tuple[dict, list[dict]]:
