@@ -28,8 +28,14 @@ def _delays(values: list[str]) -> dict[str, float]:
 def _bind(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host``:``port`` as uvicorn binds one (``SO_REUSEADDR``, so a
     restart right after a stop works; a port another server listens on still fails), with an
-    error naming the address when it cannot be."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    error naming the address when it cannot be.
+
+    Its protocol is named (``IPPROTO_TCP``, not 0): asyncio turns Nagle's algorithm off
+    (``TCP_NODELAY``) only on accepted sockets whose ``proto`` says TCP. With proto 0 a
+    kept-alive connection's first SSE chunk waited for the client's delayed ACK, about 40 ms
+    on loopback, and ``ttft trace`` saw it as ``network``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
