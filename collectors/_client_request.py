@@ -290,7 +290,12 @@ class Request:
                 attributes={"tls": self.tls}, **common)
         if self.headers or self.reported:
             common["service"] = REPORTED_SERVICE
-            for span in reported_spans(self.headers, self.reported, start_ns=self.start_ns,
+            # the server starts on the request after it was sent: no reported span begins
+            # before the send (or the connection, or the client span), which are measured
+            sent = self.sent_ns if self.sent_ns is not None else p.get("connected",
+                                                                        self.start_ns)
+            for span in reported_spans(self.headers, self.reported,
+                                       start_ns=max(self.start_ns, sent),
                                        first_token_ns=first[0] if first else None,
                                        end_ns=end_ns):
                 r.rows += span_rows(

@@ -6,7 +6,7 @@ long its prompt took. Each source below is read from its documented shape; its d
 become a chain of spans laid back to back so that the last ends at the client's anchor
 (the first token it saw, or the response's end), each earlier one ending where the next
 begins. A duration whose later neighbours are unknown cannot be placed and is left out;
-a span reaching before the client span's start is clipped there. Every span is an
+a span reaching before the client's send is clipped there. Every span is an
 estimate (``tracer.schema.ATTR_ESTIMATED``, its text says which field and how it was
 placed): the gap between the server's first token and the client's (the send, the network)
 lands inside the last span. One source is used per request: the first of `SOURCES` whose
@@ -18,12 +18,11 @@ Sources (the fields read; durations in the unit each documents):
   {"extra_fields": ["timing"]}``): ``nvext.timing`` with ``RequestTracker``'s fields
   (``lib/llm/src/protocols/common/timing.rs``): ``prefill_wait_time_ms`` (receipt to
   prefill start: ``queue``), ``prefill_time_ms`` (prefill start to first token: ``prefill``).
-- vLLM per-request ``metrics`` in the response body: V1's ``RequestStateStats``
-  (``vllm/v1/metrics/stats.py``: ``queued_ts``, ``scheduled_ts``, ``first_token_ts``, one
-  monotonic clock, seconds) or V0's ``RequestMetrics`` (``vllm/sequence.py``:
-  ``arrival_time``, ``first_scheduled_time``, ``first_token_time``, ``time_in_queue``,
-  wall-clock seconds): ``queue`` to the scheduling, ``prefill`` from it to the first token
-  (vLLM's own TTFT figure counts from scheduling, so the two are added, never mixed).
+- vLLM per-request ``metrics`` in the response (``vllm serve
+  --enable-per-request-metrics``; vLLM's ``docs/features/per_request_metrics.md``, ms):
+  ``queue_time_ms`` (``queue``) and ``time_to_first_token_ms`` (``prefill``: vLLM counts its
+  TTFT from the scheduling, so the queue comes before it, never inside);
+  ``generation_time_ms``, ``mean_itl_ms``, ``tokens_per_second`` kept as attributes.
 - SGLang ``meta_info`` (native ``/generate``; seconds): ``queue_time`` (``queue``),
   ``prefill_launch_delay`` (``batch_wait``), ``prefill_launch_latency`` (``prefill``).
 - TensorRT-LLM (``trtllm-serve``): the ``Server-Timing`` header (W3C Server Timing,
@@ -138,21 +137,13 @@ def _dynamo(headers: Mapping[str, str], fields: Mapping[str, Any]) -> _Report | 
 
 def _vllm(headers: Mapping[str, str], fields: Mapping[str, Any]) -> _Report | None:
     m = fields.get("metrics")
-    if not isinstance(m, Mapping):
+    if not isinstance(m, Mapping) or "time_to_first_token_ms" not in m:
         return None
-    if m.get("scheduled_ts") is not None:  # V1: one monotonic clock
-        queue = (_between(m, "queued_ts", "scheduled_ts", _S), "scheduled_ts - queued_ts")
-        prefill = (_between(m, "scheduled_ts", "first_token_ts", _S),
-                   "first_token_ts - scheduled_ts")
-    else:  # V0: wall clock
-        queue = ((_ns(m.get("time_in_queue"), _S), "time_in_queue")
-                 if m.get("time_in_queue") is not None else
-                 (_between(m, "arrival_time", "first_scheduled_time", _S),
-                  "first_scheduled_time - arrival_time"))
-        prefill = (_between(m, "first_scheduled_time", "first_token_time", _S),
-                   "first_token_time - first_scheduled_time")
-    return _Report("vllm metrics", FIRST_TOKEN, (("queue", *queue), ("prefill", *prefill)),
-                   _scalars(m, "vllm."))
+    # vLLM's time_to_first_token_ms counts from the scheduling: the queue comes before it
+    return _Report("vllm metrics", FIRST_TOKEN, (
+        ("queue", _ns(m.get("queue_time_ms"), _MS), "queue_time_ms"),
+        ("prefill", _ns(m.get("time_to_first_token_ms"), _MS), "time_to_first_token_ms"),
+    ), _scalars(m, "vllm."))
 
 
 def _sglang(headers: Mapping[str, str], fields: Mapping[str, Any]) -> _Report | None:
@@ -197,8 +188,8 @@ def _trtllm(headers: Mapping[str, str], fields: Mapping[str, Any]) -> _Report | 
         return None
     metrics = server_timing_metrics(header)
     queue, ttft = metrics.get("server_queue"), metrics.get("server_ttft")
-    if queue is None or ttft is None:
-        return None
+    if queue is None or ttft is None or not 0 <= queue <= ttft:
+        return None  # a queue longer than the TTFT it is part of (or negative): no split
     return _Report("trt-llm Server-Timing", FIRST_TOKEN, (
         ("queue", _ns(queue, _MS), "server_queue"),
         ("prefill", _ns(ttft - queue, _MS), "server_ttft - server_queue"),
@@ -262,7 +253,8 @@ def _placed(report: _Report, anchor_ns: int, start_ns: int) -> list[ReportedSpan
             break
         begin = cursor - dur_ns
         if dur_ns > 0:
-            clipped = " (clipped at the client span's start)" if begin < start_ns else ""
+            clipped = (" (clipped at the client's send: the reported durations exceed the "
+                       "time the client measured from it)" if begin < start_ns else "")
             text = (f"{report.source} {source_field} ({dur_ns / _MS:g} ms), placed to end at "
                     f"{after}{clipped}")
             out.append(ReportedSpan(name, max(begin, start_ns), cursor, text,

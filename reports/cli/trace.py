@@ -81,7 +81,8 @@ def trace(
 
     Point the server's OTLP exporter at the receiver (for example vLLM:
     --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces; ttft serve: --otlp-endpoint).
-    A server that exports nothing still gets the client's view: connect, network, TTFT."""
+    A server that exports nothing still gets the client's view: connect, TTFT, and the
+    rest as untraced (the server and the network together)."""
     try:  # the load generator's imports take seconds: Ctrl-C may come here
         from ttft.collectors.trace_run import TraceSpec, trace_server
     except KeyboardInterrupt:
@@ -134,8 +135,8 @@ def trace(
             Text.assemble(
                 plain(f"the server sent no spans to {run.receiver}", "yellow"),
                 Text(
-                    ": the analysis below is the client's view only (connect, network and "
-                    "the rest of TTFT)" if not reported else
+                    ": the analysis below is the client's view only (connect, and the rest of "
+                    "TTFT untraced: the server and the network together)" if not reported else
                     ": the analysis below is the client's view and the timings the server "
                     f"reported in {reported} of its responses (estimated spans)",
                     style="yellow",

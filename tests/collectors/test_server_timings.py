@@ -25,20 +25,11 @@ LLAMA_CPP_FINAL_CHUNK = {
                 "prompt_per_second": 510.6, "predicted_n": 16, "predicted_ms": 210.4,
                 "predicted_per_token_ms": 13.15, "predicted_per_second": 76.05, "cache_n": 4},
 }
-# vLLM V0's RequestMetrics (vllm/sequence.py), wall-clock seconds
-VLLM_V0_METRICS = {"metrics": {
-    "arrival_time": 1718000000.100, "last_token_time": 1718000000.400,
-    "first_scheduled_time": 1718000000.110, "first_token_time": 1718000000.140,
-    "time_in_queue": 0.010, "finished_time": 1718000000.400, "scheduler_time": 0.0008,
-    "model_forward_time": None, "model_execute_time": None}}
-# vLLM V1's RequestStateStats (vllm/v1/metrics/stats.py): *_ts on one monotonic clock
-VLLM_V1_METRICS = {"metrics": {
-    "num_generation_tokens": 16, "arrival_time": 1718000000.1, "queued_ts": 812.100,
-    "scheduled_ts": 812.112, "first_token_ts": 812.142, "last_token_ts": 812.4}}
-# Epoch seconds as doubles carry about 0.2 us: the differences are what float arithmetic gives.
-V0_PREFILL_ERR = round((1718000000.140 - 1718000000.110) * 1e9) - 30 * MS
-V1_PREFILL = round((812.142 - 812.112) * 1e9)
-V1_QUEUE = round((812.112 - 812.100) * 1e9)
+# vLLM's per-request metrics (vllm serve --enable-per-request-metrics;
+# docs/features/per_request_metrics.md), ms; its TTFT counts from the scheduling
+VLLM_METRICS = {"metrics": {
+    "time_to_first_token_ms": 30.0, "generation_time_ms": 240.5, "queue_time_ms": 12.0,
+    "mean_itl_ms": 15.0, "tokens_per_second": 66.5}}
 # SGLang's meta_info (native /generate), seconds
 SGLANG_META_INFO = {"meta_info": {
     "id": "0a1b", "finish_reason": {"type": "length", "length": 16}, "prompt_tokens": 12,
@@ -71,11 +62,8 @@ def placed(headers=None, fields=None, first=FIRST):
 
 @pytest.mark.parametrize(("headers", "fields", "expected"), [
     ({}, LLAMA_CPP_FINAL_CHUNK, [("prefill", "prefill", 100 * MS - 23_500_000, 100 * MS)]),
-    ({}, VLLM_V0_METRICS, [("queue", "queue", 60 * MS - V0_PREFILL_ERR, 70 * MS - V0_PREFILL_ERR),
-                           ("prefill", "prefill", 70 * MS - V0_PREFILL_ERR, 100 * MS)]),
-    ({}, VLLM_V1_METRICS, [("queue", "queue", 100 * MS - V1_PREFILL - V1_QUEUE,
-                            100 * MS - V1_PREFILL),
-                           ("prefill", "prefill", 100 * MS - V1_PREFILL, 100 * MS)]),
+    ({}, VLLM_METRICS, [("queue", "queue", 58 * MS, 70 * MS),
+                        ("prefill", "prefill", 70 * MS, 100 * MS)]),
     ({}, SGLANG_META_INFO, [("queue", "queue", 75 * MS, 79 * MS),
                             ("batch_wait", "batch_wait", 79 * MS, 80 * MS),
                             ("prefill", "prefill", 80 * MS, 100 * MS)]),
@@ -89,7 +77,7 @@ def placed(headers=None, fields=None, first=FIRST):
     # TGI's headers come with a whole answer: they end at the response's end
     (TGI_HEADERS, {}, [("queue", "queue", 153 * MS, 155 * MS),
                        ("inference", "other", 155 * MS, 400 * MS)]),
-], ids=["llama.cpp", "vllm-v0", "vllm-v1", "sglang", "ollama", "dynamo", "trtllm", "tgi"])
+], ids=["llama.cpp", "vllm", "sglang", "ollama", "dynamo", "trtllm", "tgi"])
 def test_each_documented_shape_is_placed_back_to_back_before_its_anchor(headers, fields,
                                                                         expected):
     assert placed(headers, fields) == expected
@@ -108,20 +96,23 @@ def test_the_estimate_says_which_field_and_how_it_was_placed():
         "server_timing.server_ttft": 31.0, "server_timing.server_e2e": 250.2}
 
 
-def test_a_span_reaching_before_the_client_span_is_clipped_there():
+def test_a_span_reaching_before_the_client_s_send_is_clipped_there():
     fields = {"timings": {"prompt_ms": 80.0, "queue_ms": 50.0}}
     spans = reported_spans({}, fields, start_ns=START, first_token_ns=T0 + 100 * MS,
                            end_ns=END)
     assert [(s.name, s.start_ns - T0, s.end_ns - T0) for s in spans] == [
         ("queue", 0, 20 * MS), ("prefill", 20 * MS, 100 * MS)]
-    assert spans[0].estimated.endswith("(clipped at the client span's start)")
+    assert spans[0].estimated.endswith(
+        "(clipped at the client's send: the reported durations exceed the time the client "
+        "measured from it)")
 
 
 @pytest.mark.parametrize("fields", [
     {"timings": {"queue_ms": 5.0}},  # the queue's end is unknown without the prefill's length
     {"timings": {"prompt_ms": "12"}},  # not a number
     {"timings": {"prompt_ms": -1.0}},
-    {"metrics": {"arrival_time": 1.0, "first_scheduled_time": 2.0}},  # no first token time
+    {"metrics": {"queue_time_ms": 2.0}},  # vLLM's metrics without its TTFT
+    {"metrics": {"scheduled_ts": 2.0, "first_token_ts": 3.0}},  # not vLLM's response shape
     {"nvext": {"worker_id": 3}},  # asked for no timing
     {"timings": {"prompt_ms": 0.0}},  # zero length: nothing to show
 ])
@@ -171,3 +162,30 @@ def test_the_request_writes_them_as_estimated_children_of_its_client_span():
     assert attrs["llama.cpp.prompt_n"] == 12 and attrs["llama.cpp.cache_n"] == 4
     assert json.loads(client["attributes"])["finish_reason"] == "stop"
     assert result.outcome == "ok"
+
+
+@pytest.mark.parametrize("header", [
+    "server_queue;dur=-5, server_ttft;dur=15",  # a negative queue would inflate the prefill
+    "server_queue;dur=20, server_ttft;dur=15",  # a queue longer than the TTFT holding it
+])
+def test_a_server_timing_pair_that_cannot_be_split_places_nothing(header):
+    assert placed({"server-timing": header}, {}) == []
+
+
+def test_a_request_s_reported_spans_begin_no_earlier_than_its_send():
+    # prompt_ms 500 against 100 ms from the client span's start to its first token, the
+    # request sent 10 ms in: the reported prefill starts at the send, not before it, and the
+    # measured time before the send stays the client's
+    req = Request(0, T0)
+    req.start_ns = START
+    req.on_sent(START + 10 * MS)
+    req.on_headers(200, {"content-type": "text/event-stream"}, T0 + 20 * MS)
+    final = {**LLAMA_CPP_FINAL_CHUNK, "timings": {"prompt_ms": 500.0}}
+    first = {"id": "r1", "choices": [{"index": 0, "text": "Hi", "finish_reason": None}]}
+    req.on_body((f"data: {json.dumps(first)}\n\ndata: {json.dumps(final)}\n\n"
+                 "data: [DONE]\n\n").encode(), FIRST)
+    req.on_end(FIRST + MS)
+    reported = [r for r in req.finish(END).rows if r["service"] == REPORTED_SERVICE]
+    assert [(r["name"], r["start_ns"] - T0, r["end_ns"] - T0) for r in reported] == [
+        ("prefill", 10 * MS, 100 * MS)]
+    assert "clipped at the client's send" in json.loads(reported[0]["attributes"])[ATTR_ESTIMATED]
