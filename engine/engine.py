@@ -15,6 +15,7 @@ Threading: the worker thread owns the model, the ``PagedKVCache`` and the
 tokenizes, detokenizes, appends to the waiting queue under a lock and reads its own
 ``asyncio.Queue``: it never waits on model work. Tokens cross over with
 ``loop.call_soon_threadsafe``. The waiting queue is ``ttft.engine.waiting``'s.
+Extensions (``ttft.engine.disagg``) use the hooks and methods of ``ttft.engine.hooks``.
 
 Tracing: the request-level spans and the ``step`` span's links are recorded as
 ``ttft.engine.spans`` says; one ``step`` span per iteration, in the engine's own trace,
@@ -28,15 +29,17 @@ import logging
 import threading
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ttft.engine.admission import check_fits, prompt_ids
 from ttft.engine.config import EngineConfig
 from ttft.engine.faults import async_sleep_for, merge_delays, sleep_for
+from ttft.engine.hooks import EngineHooks
 from ttft.engine.kv_cache import PagedKVCache
 from ttft.engine.model import Transformer, decode_step, prefill_chunk
 from ttft.engine.peaks import engine_metadata, record_engine_info
-from ttft.engine.policy import StepPlan, Waiting, plan_step
+from ttft.engine.policy import StepPlan, plan_step
 from ttft.engine.prefix_cache import PrefixCache
 from ttft.engine.reservation import Reservations
 from ttft.engine.sampler import SamplingParams, make_generator, sample
@@ -66,7 +69,7 @@ class EngineStopped(RuntimeError):
     """The engine is not running (not started, or stopped while the request was live)."""
 
 
-class Engine:
+class Engine(EngineHooks):
     """Continuous batching over one ``Transformer`` in a background worker thread.
 
     ``start()`` before ``submit``; ``stop()`` ends the worker (or use ``with Engine(...)``).
@@ -94,7 +97,7 @@ class Engine:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._hooks: Any = None
+        self._forward_hooks: Any = None
         self._next_step_id = 0
         self.preemptions = 0
         self.measure_peaks = measure_peaks
@@ -116,7 +119,7 @@ class Engine:
             raise RuntimeError("engine already started")
         from ttft.tracer.torch_hooks import instrument_module
 
-        self._hooks = instrument_module(self.model)
+        self._forward_hooks = instrument_module(self.model)
         self.device_info = record_engine_info(self.model, self.measure_peaks)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ttft-engine", daemon=True)
@@ -132,9 +135,9 @@ class Engine:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.warning("ttft engine: worker still busy after %.1f s", timeout_s)
-        if self._hooks is not None:
-            self._hooks.remove()
-            self._hooks = None
+        if self._forward_hooks is not None:
+            self._forward_hooks.remove()
+            self._forward_hooks = None
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -202,13 +205,18 @@ class Engine:
             record(
                 "tokenize", t0_ns, ready_ns, request_id=rid, parent=parent, prompt_tokens=len(ids)
             )
-        self._enqueue(req, ready_ns)
-        return RequestStream(req, self.tokenizer, self._wake.set)
+        self.queue(req, ready_ns)
+        return RequestStream(req, self.tokenizer, self.wake)
 
-    def _enqueue(self, req: RequestState, ready_ns: int) -> None:
+    def queue(self, req: RequestState, ready_ns: int) -> None:
         """Append ``req``, ready at ``ready_ns``, to the waiting queue and wake the worker;
-        ``QueueFull`` when ``config.max_queue`` requests are waiting."""
+        ``QueueFull`` when ``config.max_queue`` requests are waiting. Not on the worker
+        thread; an extension may override it (``ttft.engine.hooks``)."""
         self._waiting.put(req, ready_ns)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Have the worker run an iteration soon (any thread)."""
         self._wake.set()
 
     # -- worker: one iteration ----------------------------------------------------------
@@ -230,13 +238,17 @@ class Engine:
             self._drop(req, err)
 
     def _iterate(self) -> bool:
-        """Drop cancelled requests, plan, admit and run the step; whether a step ran."""
+        """Drop cancelled requests, plan, admit and run the step; whether anything ran or
+        changed (a hook's ``on_iteration``, an admission, a step)."""
         self._reap()
+        moved = self.on_iteration()
         plan = self._plan()
         self._preempt(plan.preempt)
         self._admit(plan.admit)
-        if not self._running:
-            return False
+        if not self.runs_prefill:  # their K/V arrives from elsewhere
+            plan = replace(plan, prefill=())
+        if not plan.prefill and not plan.decode:  # nothing running, or nothing it can run
+            return moved or bool(plan.admit)
         if self._kv.preempt:  # the decoding requests' next blocks (the plan made room)
             self._kv.reserve(self._running)
         self._step(plan)
@@ -252,31 +264,19 @@ class Engine:
     def _plan(self) -> StepPlan[RequestState]:
         config, kv = self.config, self._kv
         running = [kv.running(r) for r in self._running]
-        waiting = self._candidates(config.max_running - len(running))
+        head = self._waiting.head(config.max_running - len(running))
+        waiting = [kv.waiting(req, eligible) for req, eligible in head]
         needed = any(w.eligible for w in waiting) or any(r.grow_blocks for r in running)
         free = kv.free_blocks() if needed else 0
         return plan_step(waiting, running, free_blocks=free, max_running=config.max_running,
                          max_batch_tokens=config.max_batch_tokens, chunk_size=config.chunk_size,
                          preempt=kv.preempt)
 
-    def _candidates(self, slots: int) -> list[Waiting[RequestState]]:
-        """The waiting queue up to its ``slots``-th eligible request (the plan admits no
-        more), as the policy sees it."""
-        queue = self._waiting.snapshot()
-        now_ns, found = clock_ns(), 0
-        out: list[Waiting[RequestState]] = []
-        for req in queue:
-            if found >= slots:
-                break
-            out.append(self._kv.waiting(req, eligible=req.eligible_ns <= now_ns))
-            found += out[-1].eligible
-        return out
-
     def _admit(self, reqs: Sequence[RequestState]) -> None:
         """Admit the plan's requests in order: each takes its prefix-cache hit (unchanged
         since the plan looked); with the last one, the running requests' owed blocks are
         reserved (``ttft.engine.reservation``). A preempted request's wait ends its
-        ``preempted`` span, a new one's its ``queue`` span."""
+        ``preempted`` span, a new one's its ``queue`` span. Then ``on_admit`` for each."""
         self._waiting.take(reqs)
         for req in reqs:
             t0_ns = clock_ns()
@@ -292,6 +292,8 @@ class Engine:
                 req.admitted_ns, req.queue_ref = t0_ns, record_queue(req, t0_ns)
             sleep_for(req.delays_ms, "schedule")
             record_schedule(req, t0_ns, **resumed)
+        for req in reqs:
+            self.on_admit(req)
 
     def _preempt(self, pairs: Sequence[tuple[RequestState, RequestState]]) -> None:
         """Preempt each ``(request, needed by)`` of the plan: its ``preempted`` span begins
@@ -333,7 +335,7 @@ class Engine:
             self._drop(req, e)
 
     def _sample_next(self, req: RequestState, logits: Any) -> None:
-        self._emit(req, sample(logits, req.params, req.generator))
+        self.emit(req, sample(logits, req.params, req.generator))
 
     # -- worker: a request's work -------------------------------------------------------
 
@@ -344,7 +346,7 @@ class Engine:
         req.computed += n
         end_ns = note_chunk(req, t0_ns, n, step_id)
         record_batch_wait(req, t0_ns, step_id=step_id)  # its first chunk: the wait ends
-        end_ns = self._chunk_done(req, end_ns)
+        end_ns = self.on_chunk_done(req, end_ns)
         if req.computed < len(context):
             return
         record_prefill(req)
@@ -356,16 +358,13 @@ class Engine:
         token = sample(logits, req.params, req.generator)  # sampling begins at the logits
         sleep_for(req.delays_ms, "sample")
         record_sample(req, end_ns, clock_ns(), token)
-        self._emit(req, token)  # the first token goes out before the cache bookkeeping
+        self.emit(req, token)  # the first token goes out before the cache bookkeeping
         if req.seq is not None:  # still running (a finished one inserted its whole sequence)
             self.prefix_cache.insert(req.prompt_ids, req.seq)
 
-    def _chunk_done(self, req: RequestState, end_ns: int) -> int:
-        """After each prefill chunk of ``req`` (ended at ``end_ns``), where a disaggregated
-        prefill worker sends its K/V blocks; returns when ``sample`` may begin."""
-        return end_ns
-
-    def _emit(self, req: RequestState, token: int) -> None:
+    def emit(self, req: RequestState, token: int) -> None:
+        """Running ``req``'s next token (``deliver``); EOS or its ``max_tokens``-th token
+        finishes it (its sequence into the prefix cache, then dropped). Worker thread."""
         req.out_ids.append(token)
         reason = None
         if token == self.tokenizer.eos_id:
@@ -373,13 +372,20 @@ class Engine:
         elif len(req.out_ids) >= req.max_tokens:
             reason = "length"
         item = (token, reason is not None, reason, req.cached_tokens)
-        self._deliver(req, item)
+        self.deliver(req, item)
         if reason is not None:
             self.prefix_cache.insert(req.prompt_ids + req.out_ids, req.seq)
             self._drop(req, None)
 
+    def drop(self, req: RequestState, error: BaseException | None = None) -> None:
+        """End ``req`` now, running (its K/V freed) or waiting (taken out of the queue);
+        ``error``, if any, is delivered to it. Nothing when it is neither. Worker thread."""
+        if req in self._running or self._waiting.discard(req):
+            self._drop(req, error)
+
     def _drop(self, req: RequestState, error: BaseException | None) -> None:
-        """Free ``req``'s K/V now and forget it; tell its stream ``error`` if any."""
+        """``on_drop``, then free ``req``'s K/V now and forget it; deliver ``error`` if any."""
+        self.on_drop(req, error)
         if req.seq is not None:
             record_batch_wait(req, clock_ns(), dropped=True)
             record_prefill(req)
@@ -388,10 +394,4 @@ class Engine:
         if req in self._running:
             self._running.remove(req)
         if error is not None:
-            self._deliver(req, error)
-
-    def _deliver(self, req: RequestState, item: Any) -> None:
-        try:
-            req.loop.call_soon_threadsafe(req.queue.put_nowait, item)
-        except RuntimeError:  # the request's event loop is closed: nobody is listening
-            req.cancelled = True
+            self.deliver(req, error)

@@ -58,6 +58,20 @@ class WaitingQueue:
         with self._lock:
             return list(self._reqs)
 
+    def head(self, slots: int) -> list[tuple[RequestState, bool]]:
+        """The waiting requests up to the ``slots``-th that may be admitted now (no plan
+        admits more), each with whether it may (an injected queue delay holds it back)."""
+        now_ns, found = clock_ns(), 0
+        out: list[tuple[RequestState, bool]] = []
+        with self._lock:
+            for req in self._reqs:
+                if found >= slots:
+                    break
+                eligible = req.eligible_ns <= now_ns
+                out.append((req, eligible))
+                found += eligible
+        return out
+
     def take(self, reqs: Iterable[RequestState]) -> None:
         """Remove ``reqs`` (each waiting now)."""
         with self._lock:

@@ -25,6 +25,12 @@ aligned) to the last block installed, and the ``step`` spans; ``deliver`` starts
 prefill worker's ``first_sampled``. The worker's spans come over the channel and go to
 ``span_sink`` (the server's recorder), in the worker's clock domain and service.
 
+It changes ``Engine`` only through its hooks (``ttft.engine.hooks``): ``queue`` also sends
+the request to the prefill worker, ``runs_prefill`` is False (steps run decode tokens
+only), ``on_admit`` allocates an admitted request's prompt blocks for the transfer,
+``on_iteration`` finishes complete transfers and gives up failed ones, and ``on_drop``
+forgets a request's transfer before its blocks are freed.
+
 Failure: when the prefill worker dies, every request still waiting for it ends with
 ``EngineStopped`` (HTTP 503) and so does every later ``submit``; requests already decoding
 finish. ``stop`` stops the worker process too (killed when it does not exit in time).
@@ -50,7 +56,6 @@ from ttft.engine.disagg.shm import DEFAULT_RING_BYTES, ShmRing, blocks_source, c
 from ttft.engine.disagg.span_wire import rebuild
 from ttft.engine.engine import Engine, EngineStopped
 from ttft.engine.model import Transformer
-from ttft.engine.policy import StepPlan
 from ttft.engine.stream import RequestState
 from ttft.engine.tokenizer import Tokenizer
 from ttft.tracer import clock_ns, record
@@ -86,6 +91,8 @@ class DisaggEngine(Engine):
         ValueError: an unknown ``first_token`` or ``kv_channel``; a ring under one block;
             ``config.preemption`` other than ``off``.
     """
+
+    runs_prefill = False  # the prefill worker computes the prompts' K/V
 
     def __init__(
         self,
@@ -128,6 +135,7 @@ class DisaggEngine(Engine):
         self._keys = iter(range(1 << 62))
         self._failed: BaseException | None = None
         self._receiver: threading.Thread | None = None
+        self._closing = False  # stop() was called: the worker's end is expected
 
     def run_metadata(self) -> dict[str, Any]:
         """``Engine.run_metadata`` plus ``disaggregated``: the first-token mode, the channel
@@ -168,6 +176,7 @@ class DisaggEngine(Engine):
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the decode worker, then the prefill worker process (its last spans are
         received first), bounded by ``timeout_s`` each. Idempotent."""
+        self._closing = True
         super().stop(timeout_s)
         self.worker.stop(timeout_s)
         if self._receiver is not None:
@@ -201,7 +210,7 @@ class DisaggEngine(Engine):
             pass  # the worker stopped or died: failed below, as after a bad message
         except Exception:  # a malformed message: the channel cannot be trusted any more
             log.exception("ttft disagg: bad message from the prefill worker")
-        if not self._stopping:
+        if not self._closing:
             log.error("ttft disagg: the prefill worker is gone (%s)", self.worker.describe_exit())
         self._close_ring()  # no one writes to it any more
         self._fail_all(EngineStopped(f"the prefill worker is gone ({self.worker.describe_exit()})"))
@@ -221,7 +230,7 @@ class DisaggEngine(Engine):
                 ib.parts.append((first, count, memoryview(b"")))  # counted, not copied
                 self._install(ib)
         if direct:
-            self._wake.set()
+            self.wake()
         else:
             self._on_message(header, source.payload())
 
@@ -248,7 +257,7 @@ class DisaggEngine(Engine):
                 ib.error = ValueError(header["message"])
         if op == "token" and self.first_token == "prefill":
             self._deliver_first(ib)
-        self._wake.set()
+        self.wake()
 
     def _deliver_first(self, ib: Inbound) -> None:
         """The first token to the stream now (``first_token="prefill"``)."""
@@ -256,27 +265,35 @@ class DisaggEngine(Engine):
         req = ib.req
         req.sampled_ns = sampled_ns
         reason = finish_reason(token, 1, req.max_tokens, self.tokenizer.eos_id)
-        self._deliver(req, (token, reason is not None, reason, cached))
+        self.deliver(req, (token, reason is not None, reason, cached))
 
     def _fail_all(self, error: BaseException) -> None:
         with self._inbox_lock:
             self._failed = error
             for ib in self._inbound.values():
                 ib.error = ib.error or error
-        self._wake.set()
+        self.wake()
 
     # -- the asyncio side ---------------------------------------------------------------
 
-    def _enqueue(self, req: RequestState, ready_ns: int) -> None:
+    def queue(self, req: RequestState, ready_ns: int) -> None:
+        """Queue ``req`` here (``Engine.queue``) and send it to the prefill worker, with its
+        injected delays but ``API_SIDE_DELAYS``; its transfer is registered before it can
+        be admitted.
+
+        Raises:
+            EngineStopped: the prefill worker is gone.
+            QueueFull: as ``Engine.queue``.
+        """
         delays, key = req.delays_ms, str(next(self._keys))
         req.delays_ms = {s: ms for s, ms in delays.items() if s in API_SIDE_DELAYS}
-        ib = Inbound(req, key, self._kv.blocks_for(len(req.prompt_ids)))
+        ib = Inbound(req, key, -(-len(req.prompt_ids) // self.cache.block_size))
         with self._inbox_lock:
             if self._failed is not None:
                 raise EngineStopped(str(self._failed))
             self._inbound[key] = ib
         try:
-            super()._enqueue(req, ready_ns)
+            super().queue(req, ready_ns)
         except BaseException:
             with self._inbox_lock:
                 self._inbound.pop(key, None)
@@ -291,21 +308,11 @@ class DisaggEngine(Engine):
 
     # -- the decode worker thread -------------------------------------------------------
 
-    def _iterate(self) -> bool:
-        self._reap()
-        moved = self._settle()
-        plan = self._plan()
-        self._admit(plan.admit)
-        for req in plan.admit:
-            req.scheduled_ns = 0  # its wait after admission is its transfer, not a batch
-            self._open(req)
-        if plan.decode:
-            self._step(StepPlan((), (), plan.decode))
-        return moved or bool(plan.admit) or bool(plan.decode)
-
-    def _open(self, req: RequestState) -> None:
+    def on_admit(self, req: RequestState) -> None:
         """An admitted request's prompt blocks, allocated here: from now on the receiver
-        installs its blocks as they arrive (the ones that came first, at once)."""
+        installs its blocks as they arrive (the ones that came first, at once). Its wait
+        after admission is its transfer, not a batch: no ``batch_wait``."""
+        req.scheduled_ns = 0
         seq = req.seq
         assert seq is not None
         self.cache.append(seq, len(req.prompt_ids) - seq.length)
@@ -315,7 +322,7 @@ class DisaggEngine(Engine):
                 ib.blocks, ib.skip = seq.blocks[: ib.total], seq.length // self.cache.block_size
                 self._install(ib)
 
-    def _settle(self) -> bool:
+    def on_iteration(self) -> bool:
         """Finish complete transfers, give up failed or cancelled ones; whether any
         request changed."""
         with self._inbox_lock:
@@ -335,14 +342,8 @@ class DisaggEngine(Engine):
             failed = self._failed
         if failed is None:
             self.worker.put({"op": "cancel", "key": ib.key})
-        req = ib.req
-        if ib.error is None or req.cancelled:
-            return  # cancelled: _reap frees it
-        if req in self._running:
-            self._drop(req, ib.error)
-            return
-        if self._waiting.discard(req):
-            self._deliver(req, ib.error)
+        if ib.error is not None and not ib.req.cancelled:  # cancelled: the engine drops it
+            self.drop(ib.req, ib.error)
 
     def _install(self, ib: Inbound) -> None:
         """Write the blocks that arrived into the request's blocks, once it has them
@@ -376,14 +377,16 @@ class DisaggEngine(Engine):
         if state and req.generator is not None:
             req.generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
         if self.first_token == "decode":
-            self._emit(req, token)
+            self.emit(req, token)
             return
         req.out_ids.append(token)
         if finish_reason(token, 1, req.max_tokens, self.tokenizer.eos_id) is not None:
             self.prefix_cache.insert(req.prompt_ids + req.out_ids, req.seq)
-            self._drop(req, None)
+            self.drop(req)
 
-    def _drop(self, req: RequestState, error: BaseException | None) -> None:
+    def on_drop(self, req: RequestState, error: BaseException | None) -> None:
+        """Forget ``req``'s transfer (under ``_inbox_lock``, so the receiver writes no more
+        of its blocks) and cancel it at the prefill worker, before the engine frees them."""
         with self._inbox_lock:
             gone = [k for k, ib in self._inbound.items() if ib.req is req]
             for key in gone:
@@ -391,5 +394,4 @@ class DisaggEngine(Engine):
             failed = self._failed
         for key in gone if failed is None else ():
             self.worker.put({"op": "cancel", "key": key})
-        super()._drop(req, error)
 

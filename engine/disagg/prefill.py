@@ -17,6 +17,10 @@ An injected ``kv_transfer`` delay sleeps after the request's first blocks went o
 before its last block goes: inside the transfer, and before ``sample`` when the first
 token is delivered from the decode side, after the token otherwise.
 
+It changes ``Engine`` only through its hooks (``ttft.engine.hooks``): ``on_chunk_done``
+sends blocks, ``deliver`` sends the token, ``on_drop`` sends an error and forgets the
+request.
+
 Threading: as ``Engine``; ``enqueue`` and ``cancel`` are called from the control thread.
 """
 
@@ -31,6 +35,7 @@ from ttft.engine.disagg.channel import Outbox, pack_blocks
 from ttft.engine.disagg.shm import RingWriter
 from ttft.engine.engine import Engine, QueueFull
 from ttft.engine.faults import sleep_for
+from ttft.engine.hooks import TokenItem
 from ttft.engine.sampler import SamplingParams, make_generator
 from ttft.engine.stream import RequestState
 from ttft.tracer import SpanRef, clock_ns, parse_traceparent, record
@@ -100,7 +105,7 @@ class PrefillEngine(Engine):
         try:
             params = SamplingParams(**msg["sampling"])
             parent = remote_parent(msg["trace"], msg["rid"])
-            # not on an event loop: _deliver sends on the channel instead
+            # not on an event loop: deliver sends on the channel instead
             req = RequestState(msg["rid"], list(msg["ids"]), 1, params, dict(msg["delays"]),
                                parent, None, None)  # type: ignore[arg-type]
             req.generator = make_generator(params, self.model.device)
@@ -109,7 +114,7 @@ class PrefillEngine(Engine):
             # its way here is queueing too: from the decode side's send (one host, one clock)
             sent_ns = min(int(msg.get("sent_ns") or now_ns), now_ns)
             record("queue", sent_ns, now_ns, request_id=req.rid, parent=parent, leg="dispatch")
-            self._enqueue(req, now_ns)
+            self.queue(req, now_ns)
         except (QueueFull, ValueError, KeyError, TypeError) as exc:
             self._keys.pop(self._by_key.pop(key, None), None)  # type: ignore[arg-type]
             self.outbox.put({"op": "error", "key": key, "message": str(exc)})
@@ -119,12 +124,12 @@ class PrefillEngine(Engine):
         req = self._by_key.get(key)
         if req is not None:
             req.cancelled = True
-            self._wake.set()
+            self.wake()
 
     def _key(self, req: RequestState) -> str | None:
         return self._keys.get(req)
 
-    def _chunk_done(self, req: RequestState, end_ns: int) -> int:
+    def on_chunk_done(self, req: RequestState, end_ns: int) -> int:
         """Send the full blocks the chunk filled; after the last chunk, with the first
         token delivered from the decode side, every block left (``_send_rest``), so
         ``sample`` begins after that."""
@@ -157,12 +162,12 @@ class PrefillEngine(Engine):
             self.outbox.put(header, pack_blocks(self.cache, blocks))
         sent.blocks = upto
 
-    def _deliver(self, req: RequestState, item: Any) -> None:
+    def deliver(self, req: RequestState, item: TokenItem | BaseException) -> None:
+        """The first token on the channel, with the generator's state; with
+        ``first_token="prefill"`` the blocks not sent yet follow it. (An error is sent by
+        ``on_drop``, which forgets the request before ``Engine`` delivers it.)"""
         key = self._key(req)
-        if key is None:
-            return
-        if isinstance(item, BaseException):
-            self.outbox.put({"op": "error", "key": key, "message": str(item)})
+        if key is None or isinstance(item, BaseException):
             return
         state = req.generator.get_state() if req.generator is not None else None
         header = {"op": "token", "key": key, "token": int(item[0]),
@@ -171,9 +176,12 @@ class PrefillEngine(Engine):
         if self.first_token != "decode":  # the token went first; the transfer follows
             self._send_rest(req, self._sent.setdefault(req, _Sent()))
 
-    def _drop(self, req: RequestState, error: BaseException | None) -> None:
-        super()._drop(req, error)
+    def on_drop(self, req: RequestState, error: BaseException | None) -> None:
+        """Send ``error``, if any, and forget the request."""
         self._sent.pop(req, None)
         key = self._keys.pop(req, None)
-        if key is not None:
-            self._by_key.pop(key, None)
+        if key is None:
+            return
+        self._by_key.pop(key, None)
+        if error is not None:
+            self.outbox.put({"op": "error", "key": key, "message": str(error)})
