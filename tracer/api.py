@@ -27,7 +27,25 @@ from ttft.tracer.recorder import FlushResult, Recorder
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
+
+
+def anchor_ns(samples: int = 32) -> int:
+    """``time_ns() - perf_counter_ns()``, read where the two clocks are read closest together:
+    of ``samples`` brackets ``time_ns, perf_counter_ns, time_ns``, the narrowest, its
+    midpoint. Read once, the two calls can be a scheduler slice apart on a busy machine
+    (milliseconds), and two processes of one host then disagree by that much: a prefill
+    worker's chunk ended after the decode side installed its blocks."""
+    width, offset = None, 0
+    for _ in range(samples):
+        t0 = time.time_ns()
+        p = time.perf_counter_ns()
+        t1 = time.time_ns()
+        if width is None or t1 - t0 < width:
+            width, offset = t1 - t0, (t0 + t1) // 2 - p
+    return offset
+
+
+_OFFSET_NS = anchor_ns()
 """Added to ``perf_counter_ns`` gives epoch ns: the clock is anchored once, per process."""
 _perf_ns = time.perf_counter_ns
 _get_current = ctx.current.get
