@@ -122,7 +122,7 @@ class Request:
         self.tls = False
         self.buffer = bytearray()
         self.got_body = self.got_event = self.got_done = self.got_finish = False
-        self.got_reasoning = False
+        self.got_reasoning = self.whole = False
         self.outcome: str | None = None  # set where a failure is found; None: not (yet)
         self.finish_reason: str | None = None  # the first one a choice carried
         self.unknown_finish = False  # a string finish reason no source defines
@@ -150,8 +150,8 @@ class Request:
             self.got_body = True
             self.event("first_chunk", ns)
         self.buffer.extend(data)
-        if self.result.status_code != 200:
-            return
+        if self.result.status_code != 200 or "json" in self.headers.get("content-type", ""):
+            return  # an error's text, or a whole JSON answer: read at the end
         for event in sse_events(self.buffer):
             if not self.got_event:
                 self.got_event = True
@@ -176,12 +176,35 @@ class Request:
             text = self.buffer.decode("utf-8", "replace")
             self.fail("shed" if status in SHED_STATUSES else "http_error",
                       f"HTTP {status}: {text[:300]}")
+        elif not self.got_event and self.buffer and not self._whole_answer(ns):
+            self.fail("http_error", "HTTP 200 with neither an event stream nor a JSON answer: "
+                      f"{bytes(self.buffer[:200])!r}")
         elif not (self.got_done or self.got_finish):
             self.fail("disconnected", "stream ended without [DONE] or a finish reason")
         elif not self.got_finish:
             self.fail("truncated", "stream ended with [DONE] but no finish reason")
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
+
+    def _whole_answer(self, ns: int) -> bool:
+        """A server that answered with one JSON body although a stream was asked for: read
+        it as one payload whose content (``message`` for chat) is the first token, at the
+        body's end, when the client could first use it. False when the body is no JSON
+        object."""
+        try:
+            payload = json.loads(self.buffer)
+        except ValueError:
+            return False
+        if not isinstance(payload, dict):
+            return False
+        self.whole = True
+        choices = payload.get("choices")
+        if isinstance(choices, list):
+            payload = {**payload, "choices": [
+                {**c, "delta": c["message"]} if isinstance(c, dict)
+                and isinstance(c.get("message"), dict) else c for c in choices]}
+        self.on_payload(payload, ns)
+        return True
 
     def on_error(self, exc: BaseException) -> None:
         if self.done is not None and not self.done.done():
@@ -252,6 +275,8 @@ class Request:
             attrs["condition"] = "prefix_hit" if r.cached_tokens > 0 else "cold"
         if r.error is not None:
             attrs[ATTR_ERROR] = r.error
+        if self.whole:
+            attrs["streamed"] = False  # one JSON body: its first token is the body's end
         if self.finish_reason is not None:
             attrs[ATTR_FINISH_REASON] = self.finish_reason
             if self.unknown_finish:

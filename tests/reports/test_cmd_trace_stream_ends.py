@@ -109,3 +109,55 @@ def test_a_completed_or_unknown_finish_is_ok_and_recorded(finish, recorded, unkn
     assert {(c["outcome"], c["finish_reason"], c.get("finish_reason_unknown", False))
             for c in clients} == {("ok", recorded, unknown)}
     assert summary["failures"] == {} and summary["load"]["content_filter"] == 0
+
+
+def whole_answers(kind: str) -> Starlette:
+    """A server that ignores ``stream: true`` and answers each request with one JSON body
+    (chat's ``message``), pretty-printed with blank lines inside it."""
+    served = itertools.count()
+
+    async def chat(request: Request) -> Response:
+        await request.json()
+        rid = f"chatcmpl-{next(served)}"
+        if kind == "not-json":
+            return Response("all done\n\n", media_type="application/json")
+        body = {"id": rid, "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "w0 w1 w2"},
+             "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+            "timings": {"prompt_ms": 2.0, "prompt_n": 5}}
+        return Response(json.dumps(body, indent=2).replace("\n", "\n\n", 1),
+                        media_type="application/json")
+
+    return stand_in_app("chat/completions", chat)
+
+
+def test_a_whole_json_answer_is_ok_with_its_first_token_at_the_body_s_end(tmp_path):
+    out = tmp_path / "whole.parquet"
+    with running(whole_answers("json")) as url:
+        result = runner.invoke(app, [
+            "trace", url, "--endpoint", "chat", "--concurrency", "2", "--requests",
+            str(REQUESTS), "--prompt-tokens", "4:8", "--output-tokens", "3",
+            "--receiver-port", "0", "--span-wait", "0", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = read_spans(out).to_pylist()
+    clients = [r for r in rows if r["stage"] == "client"]
+    attrs = [json.loads(r["attributes"]) for r in clients]
+    assert {(a["outcome"], a["streamed"], a["finish_reason"], a["completion_tokens"])
+            for a in attrs} == {("ok", False, "length", 3)}
+    # its timings are read too: one reported prefill per request
+    assert sum(r["service"] == "server-reported" for r in rows) == REQUESTS
+
+
+def test_a_200_that_is_neither_a_stream_nor_json_is_an_http_error(tmp_path):
+    out = tmp_path / "odd.parquet"
+    with running(whole_answers("not-json")) as url:
+        result = runner.invoke(app, [
+            "trace", url, "--endpoint", "chat", "--concurrency", "1", "--requests", "2",
+            "--prompt-tokens", "4:8", "--output-tokens", "3", "--receiver-port", "0",
+            "--span-wait", "0", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    attrs = [json.loads(r["attributes"]) for r in read_spans(out).to_pylist()
+             if r["stage"] == "client"]
+    assert [a["outcome"] for a in attrs] == ["http_error"] * 2
+    assert all("neither an event stream nor a JSON answer" in a["error"] for a in attrs)
