@@ -5,7 +5,8 @@ module (imports at any depth, lazy ones inside functions included):
 - ``analysis``, ``collectors`` and ``engine`` import only ``tracer`` besides themselves;
 - nothing but ``reports`` imports ``reports``;
 - no module imports another package's private (``_name``) module;
-- no product module is over 400 lines, and every package says what it exports.
+- no product module is over 500 lines (a backstop: a module is one concept, split where a
+  second one hides, docs/architecture.md), and every package says what it exports.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ ALLOWED = {
     "engine": {"engine", "tracer"},
     "reports": set(PACKAGES),
 }
-MAX_LINES = 400
+MAX_LINES = 500
 
 
 def _modules() -> list[tuple[str, Path]]:
@@ -96,7 +97,7 @@ def test_the_rules_catch_what_they_forbid(tmp_path):
     ]
 
 
-def test_no_product_module_is_over_400_lines():
+def test_no_product_module_is_over_500_lines():
     long = {
         str(path.relative_to(ROOT)): n
         for _, path in _modules()
