@@ -9,7 +9,8 @@ regime take the analysis's :class:`Assembly`, so "a request" means the same in a
 from ttft.analysis.assemble import Assembly, Rows, assemble
 from ttft.analysis.attribution import Attribution, attribute
 from ttft.analysis.blame import blame, blame_summary
-from ttft.analysis.clocks import ClockOffset, apply_offsets, estimate_offsets
+from ttft.analysis.clock_offset import ClockOffset
+from ttft.analysis.clocks import apply_offsets, estimate_offsets
 from ttft.analysis.compare import compare, regressions
 from ttft.analysis.pipeline import Analysis, analyze
 from ttft.analysis.prefill import QuadraticFit, fit_quadratic, prefill_fits, prefill_points

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.analysis import _columns as col
-from ttft.analysis import clocks
 from ttft.analysis._trees import CODE, N_STAGES, value_rank
+from ttft.analysis.clock_offset import in_range
 from ttft.tracer.schema import (
     ATTR_STEP_ID,
     BOUNDARY_EVENTS,
@@ -73,7 +73,7 @@ def decode(table: pa.Table) -> Decoded:
     is_client = col.among(clock_raw, [i for i, v in enumerate(clock_values) if v == CLIENT_CLOCK],
                           len(clock_values))
     present = (trace >= 0) & ~_nulls(table, "start_ns") & ~_nulls(table, "end_ns")
-    present &= clocks.in_range(start) & clocks.in_range(end)
+    present &= in_range(start) & in_range(end)
     backwards = present & (end < start)
     valid = present & ~backwards
     ev_rows = np.flatnonzero(valid & (stage == CODE["event"]))
@@ -134,14 +134,6 @@ def group(table: pa.Table, d: Decoded) -> Grouping:
     first_trace = col.smallest_by_value(inv, req_traces, d.trace_values, n_req)
     row_req = np.where(d.valid, req_of_trace[np.maximum(d.trace, 0)], -1)
     return Grouping(row_req, n_req, uniq, rid_values, first_trace, req_of_trace)
-
-
-def clock_kinds(d: Decoded) -> np.ndarray:
-    """``clocks.row_kinds`` of a decoded table: which rows bound the client's and the
-    server's intervals, for the clock offsets."""
-    prefill = (d.stage == CODE["prefill"]) | (d.stage == CODE["prefill.chunk"])
-    return clocks.row_kinds(d.is_client, d.stage == CODE["client"], d.stage == CODE["server"],
-                            prefill, d.ev_rows, d.ev_name, d.ev_values)
 
 
 @dataclass

@@ -39,14 +39,11 @@ then by an offset of its own when the two contradict causality. The rule, exactl
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ttft.tracer.schema import CLIENT_CLOCK
-
-if TYPE_CHECKING:
-    from ttft.analysis.clocks import ClockOffset
+from ttft.analysis._clock_kinds import K_PREFILL, host_clocks
+from ttft.analysis.clock_offset import ClockOffset, settled
 
 UNBOUNDED = np.iinfo(np.int64).max
 """``hi`` of a request with no prefill span on the worker clock."""
@@ -68,7 +65,7 @@ def worker_bounds(
 
     Args:
         req: request of each row (-1: none, or the row is invalid).
-        kind: each row's ``clocks.row_kinds`` (``K_PREFILL``: a ``prefill`` or
+        kind: each row's ``_clock_kinds.row_kinds`` (``K_PREFILL``: a ``prefill`` or
             ``prefill.chunk`` span).
         start_ns, end_ns, clock: the rows' times and clock codes (-1 null) into
             ``clock_values``.
@@ -76,10 +73,7 @@ def worker_bounds(
             ``server`` span's start.
         first_byte: per request, its ``first_byte`` (``_NONE``: none).
     """
-    from ttft.analysis.clocks import GPU_CLOCK_PREFIX, K_PREFILL
-
-    host = np.array([v != CLIENT_CLOCK and not v.startswith(GPU_CLOCK_PREFIX)
-                     for v in clock_values] + [False])
+    host = host_clocks(clock_values)
     if host.sum() < 2 or len(server_clock) == 0:  # one host clock: no row is a worker's
         return {}
     n_clock = len(clock_values) + 1
@@ -125,8 +119,6 @@ def worker_offsets(
 
 
 def _pair(server_clock: str, worker_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
-    from ttft.analysis.clocks import settled
-
     n = len(lo)
     outer = min(max(1, n // 100), n - 1)  # requests left out at each end of the range
     low = int(np.partition(lo, n - 1 - outer)[n - 1 - outer])

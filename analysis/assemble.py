@@ -21,8 +21,9 @@ import pyarrow as pa
 
 from ttft.analysis import _columns as col
 from ttft.analysis import clocks
+from ttft.analysis._clock_kinds import clock_kinds
 from ttft.analysis._conditions import conditions, max_cached
-from ttft.analysis._grouping import clock_kinds, decode, group, join_gpu
+from ttft.analysis._grouping import decode, group, join_gpu
 from ttft.analysis._ids import id_words
 from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._reported import attributed_rows

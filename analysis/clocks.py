@@ -20,7 +20,7 @@ that server clock and reported. The rule, exactly (docs/attribution.md, "Clocks"
 - A pair's estimate is the median of its requests' estimates (``spread``: their
   interquartile range). Like Jaeger, which adjusts only a child that does not fit in its
   parent, the estimate is applied only when the clocks contradict causality and the
-  requests agree on the remedy: at least `MIN_REQUESTS` requests took part, more than half
+  requests agree on the remedy: at least ``MIN_REQUESTS`` requests took part, more than half
   of them do not fit at offset 0, fewer do not fit at the estimate, and the estimate's
   magnitude exceeds the spread. Otherwise the offset is 0 (one host, or clocks already
   consistent; a clock name says nothing about its host, and on one host a client that
@@ -28,7 +28,8 @@ that server clock and reported. The rule, exactly (docs/attribution.md, "Clocks"
 
 A worker clock (a request's host clock other than its server's: a disaggregated prefill
 worker's) moves with its server clock, then by an offset of its own onto it
-(``analysis._worker_clocks``).
+(``analysis._worker_clocks``). Both decide a pair's offset by ``analysis.clock_offset``
+(`ClockOffset`, ``MIN_REQUESTS``, ``settled``).
 
 A ``gpu:<index>`` clock is mapped to the host clock of the process that recorded it
 (docs/design.md), so it moves with that host clock: the one host clock (neither ``client`` nor
@@ -41,104 +42,30 @@ Pure functions over Arrow tables and numpy arrays; no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.analysis import _columns as col
+from ttft.analysis._clock_kinds import (
+    GPU_CLOCK_PREFIX,
+    K_CLIENT,
+    K_FIRST_BYTE,
+    K_FIRST_TOKEN,
+    K_NONE,
+    K_PREFILL,
+    K_SENT,
+    K_SERVER,
+    clock_kinds,
+    host_clocks,
+)
+from ttft.analysis._grouping import Decoded, decode, group
 from ttft.analysis._worker_clocks import worker_bounds, worker_offsets
-from ttft.tracer.schema import CLIENT_CLOCK, EV_FIRST_BYTE, EV_FIRST_TOKEN
+from ttft.analysis.clock_offset import ClockOffset, settled
+from ttft.tracer.schema import CLIENT_CLOCK
 
-if TYPE_CHECKING:
-    from ttft.analysis._grouping import Decoded
-
-MIN_REQUESTS = 10
-"""Fewest requests with both a client and a server interval before an offset is applied."""
-TIME_LIMIT_NS = 1 << 62
-"""Times must lie strictly between ``-TIME_LIMIT_NS`` and ``TIME_LIMIT_NS`` (the years 1824
-to 2116) to be used: then every difference of two times, and every time moved by an
-offset, fits in int64. Rows outside are dropped as ``missing_field``."""
-GPU_CLOCK_PREFIX = "gpu:"
-
-# What a row is to the midpoint rule (`row_kinds`); K_PREFILL: a prefill or prefill.chunk
-# span, whose end bounds a worker clock (`analysis._worker_clocks`).
-K_NONE, K_CLIENT, K_SERVER, K_SENT, K_FIRST_TOKEN, K_FIRST_BYTE, K_PREFILL = range(7)
 _NONE = np.iinfo(np.int64).min
-
-
-@dataclass(frozen=True)
-class ClockOffset:
-    """The offset of one (client clock, server clock) pair, or (server clock, worker clock)
-    pair (``analysis._worker_clocks``: read server for client and worker for server).
-
-    Attributes:
-        client_clock: the client's clock (``client``).
-        server_clock: the server's clock, e.g. ``host:gpu-box-3``.
-        offset_ns: added to every time on ``server_clock`` (and its ``gpu:*`` clocks) to
-            put it on ``client_clock`` (a worker's also move by its server's); 0 when the
-            estimate is not applied.
-        estimate_ns: the median of the per-request estimates, applied or not.
-        spread_ns: interquartile range of the per-request estimates.
-        requests: requests with both a client and a server interval on this pair.
-        violations_before: requests whose server interval does not fit inside the client
-            interval at offset 0.
-        violations_after: the same at ``offset_ns``.
-        bounded: False for a worker pair whose range no first byte bounds (spread 0, not exact).
-    """
-
-    client_clock: str
-    server_clock: str
-    offset_ns: int
-    estimate_ns: int
-    spread_ns: int
-    requests: int
-    violations_before: int
-    violations_after: int
-    bounded: bool = True
-
-    @property
-    def applied(self) -> bool:
-        return self.offset_ns != 0
-
-
-def in_range(t_ns: np.ndarray) -> np.ndarray:
-    """Which times lie strictly inside ``±TIME_LIMIT_NS``."""
-    return (t_ns > -TIME_LIMIT_NS) & (t_ns < TIME_LIMIT_NS)
-
-
-def row_kinds(
-    is_client: np.ndarray,
-    is_client_span: np.ndarray,
-    is_server_span: np.ndarray,
-    is_prefill_span: np.ndarray,
-    ev_rows: np.ndarray,
-    ev_name: np.ndarray,
-    ev_values: Sequence[str],
-) -> np.ndarray:
-    """Per row, its part in the midpoint rule (``K_*``).
-
-    Args:
-        is_client: rows on the client clock.
-        is_client_span, is_server_span: rows of stage ``client`` / ``server``.
-        is_prefill_span: rows of stage ``prefill`` or ``prefill.chunk``.
-        ev_rows: the rows that are point events; ``ev_name`` their name codes (-1 null)
-            into ``ev_values``.
-    """
-    kind = np.zeros(len(is_client), np.int8)
-    kind[is_client_span & is_client] = K_CLIENT
-    kind[is_server_span & ~is_client] = K_SERVER
-    kind[is_prefill_span & ~is_client] = K_PREFILL
-    names = {"sent": K_SENT, EV_FIRST_TOKEN: K_FIRST_TOKEN, EV_FIRST_BYTE: K_FIRST_BYTE}
-    lut = np.array([names.get(v, K_NONE) for v in ev_values] + [K_NONE], np.int8)
-    ev_kind = lut[ev_name]
-    side = is_client[ev_rows]
-    ok = np.where(ev_kind == K_FIRST_BYTE, ~side, side)  # each event on its own side
-    kind[ev_rows] = np.where(ok, ev_kind, K_NONE)
-    return kind
-
 
 Bounds = dict[str | tuple[str, str], tuple[np.ndarray, np.ndarray]]
 """Per server clock, each request's bounds ``(lo, hi)`` on its offset; per (server clock,
@@ -177,7 +104,7 @@ def bounds(
     Args:
         req: request of each row (-1: none, or the row is invalid).
         n_req: number of requests.
-        kind: `row_kinds` of each row.
+        kind: ``_clock_kinds.row_kinds`` of each row.
         start_ns, end_ns, clock: the rows' times and clock codes into ``clock_values``.
     """
     use = (req >= 0) & (kind != K_NONE) & (kind != K_PREFILL)  # prefill rows: the workers'
@@ -212,30 +139,6 @@ def _pair(server_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
     guess, spread = int(round(median)), int(round(q75 - q25))
     return settled(CLIENT_CLOCK, server_clock, lo, hi, guess, spread, misfits=len(lo) // 2,
                    agreed=spread < abs(guess))
-
-
-def settled(reference: str, clock: str, lo: np.ndarray, hi: np.ndarray, guess: int,
-            spread: int, *, misfits: int, agreed: bool, bounded: bool = True) -> ClockOffset:
-    """The pair's `ClockOffset` at the estimate ``guess``: applied when at least
-    `MIN_REQUESTS` requests took part, more than ``misfits`` do not fit at offset 0
-    (``lo > 0`` or ``hi < 0``), fewer do at ``guess``, the requests ``agreed`` on it, and a
-    moved time stays inside int64."""
-    before = int(((lo > 0) | (hi < 0)).sum())
-    at_guess = int(((lo > guess) | (hi < guess)).sum())
-    n = len(lo)
-    applied = (n >= MIN_REQUESTS and before > misfits and at_guess < before and agreed
-               and abs(guess) < TIME_LIMIT_NS)
-    return ClockOffset(
-        client_clock=reference,
-        server_clock=clock,
-        offset_ns=guess if applied else 0,
-        estimate_ns=guess,
-        spread_ns=spread,
-        requests=n,
-        violations_before=before,
-        violations_after=at_guess if applied else before,
-        bounded=bounded,
-    )
 
 
 def _first(req: np.ndarray, t: np.ndarray, n_req: int) -> np.ndarray:
@@ -308,10 +211,7 @@ def row_shift_parts(
     is_gpu = col.among(clock, gpu_values, len(clock_values))
     if not is_gpu.any():
         return shift, None
-    host_value = np.array(
-        [v != CLIENT_CLOCK and not v.startswith(GPU_CLOCK_PREFIX) for v in clock_values] + [False]
-    )
-    is_host = host_value[clock]
+    is_host = host_clocks(clock_values)[clock]
     # Host clocks ranked by name, so the choice never depends on row order.
     rank = np.argsort(np.argsort(np.asarray(clock_values, dtype=object)))
     by_rank = np.argsort(np.asarray(clock_values, dtype=object))
@@ -367,8 +267,6 @@ def estimate_offsets(table: pa.Table) -> list[ClockOffset]:
 def table_bounds(table: pa.Table, d: Decoded | None = None) -> Bounds:
     """The `Bounds` of a span table's requests, grouped as ``assemble`` groups them; ``d``
     is the table decoded (``analysis._grouping.decode``), if it was."""
-    from ttft.analysis._grouping import clock_kinds, decode, group
-
     d = decode(table) if d is None else d
     g = group(table, d)
     return bounds(g.row_req, g.n_req, clock_kinds(d), d.start, d.end, d.clock_raw,

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from ttft.analysis.clocks import ClockOffset
+from ttft.analysis.clock_offset import ClockOffset
 from ttft.tracer.schema import METADATA_KEY
 
 DEFECTS: tuple[str, ...] = (
@@ -32,7 +32,7 @@ DEFECTS: tuple[str, ...] = (
     "reused_step_id",
 )
 """Every defect analysis counts; ``missing_field`` (a row without trace id or times, or
-with a time outside ``analysis.clocks.TIME_LIMIT_NS``) is ttft's addition to docs/design.md's
+with a time outside ``analysis.clock_offset.TIME_LIMIT_NS``) is ttft's addition to docs/design.md's
 list, and so is ``rejected_span`` (a span the importer could not turn into a row, counted
 in the table's run metadata under ``rejected``: ``{"count": n, "examples": [...]}``), and
 ``estimated_span`` (a span whose interval the source estimated rather than measured, such as

@@ -203,7 +203,6 @@ def analyze_trace(
         typer.Exit: code 2 after printing what was wrong with the file or the mapping.
     """
     from ttft.analysis.pipeline import analyze
-    from ttft.reports.cli._options import add_goodput
 
     table, _ = load_trace(path, format=format, mapping=mapping)
     with progress(f"attributing {table.num_rows:,} spans"):
@@ -211,6 +210,14 @@ def analyze_trace(
     if slo:
         add_goodput(analysis, slo)
     return analysis
+
+
+def add_goodput(analysis: Analysis, slo: dict[str, float]) -> None:
+    """Give ``analysis.summary`` its goodput against ``slo`` (ms per metric), as
+    ``summarize(..., slo=slo)`` would have."""
+    from ttft.analysis.slo import goodput_of
+
+    analysis.summary.goodput = goodput_of(analysis.attribution, analysis.assembly, slo)
 
 
 def print_summary(analysis: Analysis, *, as_json: bool = False) -> None:

@@ -141,14 +141,6 @@ SloOption = Annotated[
 ]
 
 
-def add_goodput(analysis, slo: dict[str, float]) -> None:
-    """Give ``analysis.summary`` its goodput against ``slo`` (ms per metric), as
-    ``summarize(..., slo=slo)`` would have."""
-    from ttft.analysis.slo import goodput_of
-
-    analysis.summary.goodput = goodput_of(analysis.attribution, analysis.assembly, slo)
-
-
 # The workload options of ``ttft trace``, which ``ttft sweep`` runs at every step.
 UrlArgument = Annotated[str, typer.Argument(
     metavar="URL", help="the server, e.g. http://127.0.0.1:8000 (or its .../v1)")]

@@ -17,7 +17,15 @@ from rich.text import Text
 
 from ttft.analysis.compare import CORRECTION, FLOOR_MS, FLOOR_PCT
 from ttft.reports._text import plain
-from ttft.reports.cli._app import analyze_trace, app, err, fail, progress, stdout_console
+from ttft.reports.cli._app import (
+    add_goodput,
+    analyze_trace,
+    app,
+    err,
+    fail,
+    progress,
+    stdout_console,
+)
 from ttft.reports.cli._distributed import compare_in_partitions
 from ttft.reports.cli._options import (
     BoundaryName,
@@ -28,7 +36,6 @@ from ttft.reports.cli._options import (
     SchedulerOption,
     SloOption,
     WorkersOption,
-    add_goodput,
 )
 from ttft.tracer.schema import BOUNDARY_NAMES
 

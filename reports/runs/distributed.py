@@ -33,7 +33,8 @@ from typing import Any
 import pandas as pd
 
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.clocks import Bounds, ClockOffset, offsets_from_bounds
+from ttft.analysis.clock_offset import ClockOffset
+from ttft.analysis.clocks import Bounds, offsets_from_bounds
 from ttft.analysis.partial import (
     Part,
     analyze_part,

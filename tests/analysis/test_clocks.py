@@ -16,12 +16,8 @@ from rich.console import Console
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
-from ttft.analysis.clocks import (
-    MIN_REQUESTS,
-    ClockOffset,
-    apply_offsets,
-    estimate_offsets,
-)
+from ttft.analysis.clock_offset import MIN_REQUESTS, ClockOffset
+from ttft.analysis.clocks import apply_offsets, estimate_offsets
 from ttft.analysis.summary import Summary, summarize
 from ttft.collectors.synthetic import HOST_CLOCK, generate
 from ttft.reports.terminal import render_analysis

@@ -59,7 +59,7 @@ SKEWS_NS = (-7 * S, -2 * S, 3 * S, 11 * S)
 """Server clock skews: each larger than any synthetic request, so every request with a
 client and a server span contradicts causality at offset 0."""
 LIMIT_NS = 1 << 62
-"""Times at or beyond ±2^62 ns are unusable (``analysis.clocks.TIME_LIMIT_NS``)."""
+"""Times at or beyond ±2^62 ns are unusable (``analysis.clock_offset.TIME_LIMIT_NS``)."""
 EXTREME_NS = (0, -1, -(10**18), LIMIT_NS - 1, 1 - LIMIT_NS, LIMIT_NS, -LIMIT_NS, INT64_MIN,
               INT64_MIN + 1, INT64_MAX, INT64_MAX - 1)
 BAD_ATTRIBUTES = (
