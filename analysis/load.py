@@ -9,7 +9,8 @@ Definitions, all from the client's view (the ``client`` span of each request):
 - a **completed** request is one whose client span has outcome ``ok``; **request
   throughput** is completed requests / duration; **output tokens/s** is the sum of their
   completion tokens (the client span's ``completion_tokens``, the server's ``usage``, as
-  ``analysis.decode`` reads it; a request without it counts its content chunks) / duration;
+  ``analysis.after_first_token`` reads it; a request without it counts its content chunks)
+  / duration;
 - **content filter**: of the completed requests, those whose client span's
   ``finish_reason`` is ``content_filter`` (ok, but the server's filter ended the answer;
   docs/attribution.md, "Outcomes from the stream's end");
@@ -19,8 +20,8 @@ Definitions, all from the client's view (the ``client`` span of each request):
   boundary) plus every failed request: a request meets the SLOs when it did not fail and
   each of its metrics named in the SLO is at or under the limit. TTFT is the window at the
   analysis boundary (``Attribution.requests["ttft_ns"]``); TPOT and ITL are per request as
-  ``analysis.decode`` defines them. A metric a request cannot have (TPOT or ITL with fewer
-  than two content chunks, end-to-end latency without a client span) does not count
+  ``analysis.after_first_token`` defines them. A metric a request cannot have (TPOT or ITL
+  with fewer than two content chunks, end-to-end latency without a client span) does not count
   against it, as guidellm counts requests lacking a metric as not violating it. A failed
   request never meets an SLO: the goodput **share** is meeting requests / (those ok
   requests + the failed ones); the **rate** is meeting requests / the run's duration.
@@ -41,9 +42,13 @@ import pyarrow.compute as pc
 
 from ttft.analysis import _columns as col
 from ttft.analysis._trees import NONE_NS
+from ttft.analysis.after_first_token import (
+    COMPLETION_TOKENS,
+    _completion_tokens,
+    after_first_token_values,
+)
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.decode import COMPLETION_TOKENS, _completion_tokens, decode_values
 from ttft.tracer.schema import (
     ATTR_FINISH_REASON,
     ATTR_PROMPT_TOKENS,
@@ -95,7 +100,7 @@ def load_values(asm: Assembly, attr: Attribution,
     Args:
         asm: the assembly ``attr`` was attributed from.
         attr: the attribution.
-        decode: `decode_values` of ``attr``'s requests when already taken.
+        decode: `after_first_token_values` of ``attr``'s requests when already taken.
     """
     n_req = len(asm.requests)
     start, end = _client_spans(asm)
@@ -106,8 +111,8 @@ def load_values(asm: Assembly, attr: Attribution,
 
     ok = attr.requests["request"].to_numpy(np.int64)
     if decode is None:
-        decode = decode_values(asm, ok)
-    # decode_values gives TPOT and ITL for the requests with two or more content chunks,
+        decode = after_first_token_values(asm, ok)
+    # after_first_token_values gives TPOT and ITL for the requests with two or more content chunks,
     # in ascending request order, which is the order of ``attr.requests``.
     many = np.flatnonzero(chunks[ok] >= 2)
     if len(many) != len(decode["tpot_ms"]):
@@ -169,7 +174,7 @@ def request_table(asm: Assembly, attr: Attribution) -> pd.DataFrame:
     window at ``attr``'s boundary (of a failed request too when it saw a first token; None
     without a window); one ``<stage>_ms`` per stage with attributed time in any request
     (None for a request not attributed: failed or without a window); ``tpot_ms`` and
-    ``itl_ms`` (ok requests with two or more content chunks, as in ``analysis.decode``);
+    ``itl_ms`` (ok requests with two or more content chunks, as in ``analysis.after_first_token``);
     ``e2e_ms`` (its client span's end - start, failed requests too);
     ``prompt_tokens`` and ``completion_tokens`` (the client span's, as the server's
     ``usage`` gave them). None (NA) where not known.

@@ -26,9 +26,9 @@ import pyarrow as pa
 
 from ttft.analysis import clocks
 from ttft.analysis._grouping import Decoded
+from ttft.analysis.after_first_token import KEYS, after_first_token_values
 from ttft.analysis.assemble import Assembly, assemble
 from ttft.analysis.attribution import Attribution, attribute
-from ttft.analysis.decode import KEYS, decode_values
 from ttft.analysis.load import VALUE_KEYS, load_values
 from ttft.analysis.quality import Quality
 from ttft.analysis.summary import Summary, summarize
@@ -54,7 +54,7 @@ def part_bounds(table: pa.Table, d: Decoded | None = None) -> clocks.Bounds:
 @dataclass
 class Part:
     """One partition analysed: its attribution (``request`` indices local to it), the
-    `decode_values` of its ok requests, the boundaries any of its requests support, the
+    `after_first_token_values` of its ok requests, the boundaries any of its requests support, the
     ``analysis.load.load_values`` of its requests and the ``analysis.transfer.transfers``
     of its ok requests."""
 
@@ -83,7 +83,7 @@ def part_of(asm: Assembly, boundary: str | None, policy: str) -> Part:
     supported = tuple(name for name in BOUNDARY_NAMES if asm.has_window(name).any())
     attr = attribute(asm, boundary, policy)
     ok = attr.requests["request"].to_numpy()
-    values = decode_values(asm, ok)
+    values = after_first_token_values(asm, ok)
     return Part(attr, values, supported, load_values(asm, attr, values), transfers(asm, ok))
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ttft.analysis.after_first_token import after_first_token_values, summarize_values
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.decode import decode_values, summarize_values
 from ttft.analysis.load import load, load_values
 from ttft.analysis.quality import EXAMPLES_KEPT
 from ttft.analysis.slo import goodput_summary
@@ -125,7 +125,7 @@ class Summary:
     ``itl_ms`` (each request's mean gap between content chunks), ``tpot_ms`` ((last -
     first token) / (completion tokens - 1)), ``chunk_gap_ms`` (every gap, pooled),
     ``ttst_ms`` (time to the second token) and ``ttfrt_ms`` (to the first reasoning token)
-    are over the ok requests (see ``analysis.decode``), each None where none has what it
+    are over the ok requests (see ``analysis.after_first_token``), each None where none has what it
     needs; ``tail`` maps a stage to
     ``tail_mean, median_mean``; ``quality`` counts each defect; ``clocks`` (see
     `clock_list`) is None unless a clock pair disagrees; ``inputs`` (what was read, see
@@ -215,7 +215,7 @@ def summarize(
             for load); None with ``decode`` and ``loads``.
         trace: the trace's path, echoed back.
         schema_version: the trace file's schema version.
-        decode: `decode_values` already taken (over a dataset's partitions), instead of
+        decode: `after_first_token_values` already taken (over a dataset's partitions), instead of
             from ``asm``.
         loads: ``analysis.load.load_values`` already taken, instead of from ``asm``.
         slo: a limit in ms per metric (``ttft``, ``tpot``, ``itl``, ``e2e``) for goodput;
@@ -228,7 +228,7 @@ def summarize(
     if decode is None or loads is None or kv is None:
         assert asm is not None, "summarize needs an assembly or its decode, load, kv values"
     if decode is None:
-        decode = decode_values(asm, attr.requests["request"].to_numpy())
+        decode = after_first_token_values(asm, attr.requests["request"].to_numpy())
     if loads is None:
         loads = load_values(asm, attr, decode)
     if kv is None:
