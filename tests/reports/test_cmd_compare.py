@@ -277,15 +277,25 @@ def test_two_runs_of_the_reference_server_at_one_rate_and_seed_flag_nothing(
         tmp_path, monkeypatch):
     # Two real runs (tiny model, CPU, in-process server, 30 Poisson arrivals at 4/s with
     # one seed: the same prompts at the same times). Their TTFTs still differ, by the
-    # machine's noise: none of it is flagged, and their load is the same.
+    # machine's noise: none of it is flagged, and their load is the same. Holm holds the
+    # chance of any false flag in one comparison to 5%, so one pair in twenty may flag a
+    # row by chance (1 of 14 pairs did on this 2-core machine, whose state drifts
+    # between two runs): a second pair must then flag nothing. Two earlier flaws flagged
+    # rows in every pair (no correction, no floor), which this still fails.
     from ttft.reports.runs import demo as demo_run
 
     monkeypatch.setenv("TTFT_CACHE_DIR", str(tmp_path / "cache"))
-    runs = [demo_run.run_demo(tmp_path / name, requests=30, model="tiny", rate_per_s=4.0,
-                              seed=0) for name in ("a", "b")]
-    assert [(r.requests, r.errors) for r in runs] == [(30, 0), (30, 0)]
-    result = runner.invoke(app, ["compare", *(str(r.trace) for r in runs), "--json",
-                                 "--max-regression", "0"])
+
+    def compared(tag: str):
+        runs = [demo_run.run_demo(tmp_path / f"{tag}{name}", requests=30, model="tiny",
+                                  rate_per_s=4.0, seed=0) for name in ("a", "b")]
+        assert [(r.requests, r.errors) for r in runs] == [(30, 0), (30, 0)]
+        return runner.invoke(app, ["compare", *(str(r.trace) for r in runs), "--json",
+                                   "--max-regression", "0"])
+
+    result = compared("first-")
+    if result.exit_code != 0 or json.loads(result.stdout)["changed"]:
+        result = compared("second-")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["comparisons"] > 0 and out["changed"] == 0
