@@ -9,6 +9,7 @@ answer whichever command reads it. Pure (no I/O): the table comes from
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,13 +29,15 @@ class Analysis:
 
     ``assembly`` is the trace grouped into requests (with every row decoded once, for blame,
     prefill scaling, regime and waterfalls); ``attribution`` the per-request parts;
-    ``summary`` what ``ttft analyze --json`` prints; ``metadata`` the trace's run metadata.
+    ``summary`` what ``ttft analyze --json`` prints (with its goodput against ``slo``, the
+    limits in ms per metric, when given); ``metadata`` the trace's run metadata.
     """
 
     assembly: Assembly
     attribution: Attribution
     summary: Summary
     metadata: dict[str, Any]
+    slo: Mapping[str, float] | None = None
 
     @property
     def table(self) -> pa.Table:
@@ -42,7 +45,8 @@ class Analysis:
         return self.assembly.rows.table
 
     def at(self, boundary: str | None = None, policy: str | None = None) -> Analysis:
-        """The same trace at another boundary or policy (the assembly is reused).
+        """The same trace at another boundary or policy (the assembly and the SLOs are
+        reused).
 
         Raises:
             ValueError: an unknown boundary or policy.
@@ -53,8 +57,9 @@ class Analysis:
             self.assembly,
             trace=self.summary.trace,
             schema_version=self.summary.schema_version,
+            slo=self.slo,
         )
-        return Analysis(self.assembly, attr, summary, self.metadata)
+        return Analysis(self.assembly, attr, summary, self.metadata, self.slo)
 
 
 def _metadata(table: pa.Table) -> dict[str, Any]:
@@ -73,6 +78,7 @@ def analyze(
     boundary: str | None = None,
     policy: str = "exclusive",
     trace: str = "",
+    slo: Mapping[str, float] | None = None,
 ) -> Analysis:
     """Assemble, attribute and summarize a span table.
 
@@ -82,9 +88,12 @@ def analyze(
             least one request supports.
         policy: ``exclusive``, ``shared`` or ``critical-path``.
         trace: the trace's path, echoed in the summary.
+        slo: a limit in ms per metric (``ttft``, ``tpot``, ``itl``, ``e2e``) for the
+            summary's goodput; None (or empty) for none.
 
     Raises:
-        ValueError: an unknown boundary or policy.
+        ValueError: an unknown boundary or policy, an unknown SLO metric or a limit that
+            is not positive.
     """
     metadata = _metadata(table)
     version = metadata.get("schema_version", SCHEMA_VERSION)
@@ -95,8 +104,9 @@ def analyze(
         asm,
         trace=trace,
         schema_version=version if isinstance(version, int) else SCHEMA_VERSION,
+        slo=slo,
     )
     raw_inputs = (table.schema.metadata or {}).get(INPUTS_KEY)
     if raw_inputs:
         summary.inputs = json.loads(raw_inputs)
-    return Analysis(asm, attr, summary, metadata)
+    return Analysis(asm, attr, summary, metadata, slo or None)

@@ -1,6 +1,7 @@
 """Prefill regime: per ``prefill.chunk``, FLOPs and bytes moved from the model's shape,
 arithmetic intensity, and against the traced device's roofline whether the chunk was
-compute- or memory-bound and what fraction of the attainable FLOP/s it achieved.
+compute- or memory-bound and what fraction of the attainable FLOP/s it achieved;
+`compute_regime` does it for a trace, finding its model and peaks.
 
 A chunk cannot beat its roofline. One that does (achieved above its attainable) proves the
 peaks too low (measured under load) or the cost model too generous (a wrong model config):
@@ -37,8 +38,9 @@ from ttft.tracer.schema import ATTR_CACHED_TOKENS, ATTR_CHUNK_TOKENS, ATTR_CONTE
 
 __all__ = [
     "ENGINE_INFO", "FRAME_COLUMNS", "KNOWN_GPUS", "SUMMARY_COLUMNS", "KnownGpu", "ModelShape",
-    "Peaks", "RooflineExcess", "chunk_bucket", "chunk_cost", "find_model_and_device",
-    "find_peaks", "known_gpu", "regime", "regime_summary", "roofline_excess", "roofline_place",
+    "Peaks", "RegimeResult", "RooflineExcess", "chunk_bucket", "chunk_cost", "compute_regime",
+    "find_model_and_device", "find_peaks", "known_gpu", "regime", "regime_summary",
+    "roofline_excess", "roofline_place",
 ]  # fmt: skip
 
 FRAME_COLUMNS = (
@@ -305,3 +307,60 @@ def regime_summary(frame: pd.DataFrame, peaks: Peaks | None = None) -> pd.DataFr
             }
         )
     return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))
+
+
+@dataclass
+class RegimeResult:
+    """A trace's regime (`compute_regime`): the per-chunk frame and its summary (None
+    without a model shape), the peaks (None without any) and the traced device's name."""
+
+    frame: pd.DataFrame | None
+    summary: pd.DataFrame | None
+    peaks: Peaks | None
+    device_name: str | None
+
+    @property
+    def excess(self) -> RooflineExcess | None:
+        """How far the chunks went past the peaks (`roofline_excess`); None when none did
+        or there is no roofline."""
+        if self.frame is None or self.peaks is None:
+            return None
+        return roofline_excess(self.frame, self.peaks)
+
+
+def compute_regime(
+    asm: Assembly,
+    metadata: dict[str, Any],
+    *,
+    model_config: dict[str, Any] | None = None,
+    model_origin: str = "--model-config",
+    peak_tflops: float | None = None,
+    peak_bandwidth_gbs: float | None = None,
+) -> RegimeResult:
+    """The regime of a trace's prefill chunks: the model from ``model_config`` (the fields
+    of a config file the user named, ``model_origin``) or the trace, the peaks from the
+    trace (measured, else a known GPU's) or the given peaks; never from the machine
+    running this.
+
+    Raises:
+        ValueError: the model config (given or the trace's) is not a model shape.
+    """
+    model, device = find_model_and_device(asm.rows.table, metadata)
+    if model_config is not None:
+        model = model_config
+    shape = None
+    if model is not None:
+        try:
+            shape = ModelShape.from_dict(model)
+        except (ValueError, TypeError) as exc:
+            where = model_origin if model_config is not None else "the trace's model config"
+            raise ValueError(f"{where}: {exc}") from None
+    flags = {}
+    if peak_tflops is not None:
+        flags["peak_flops_per_s"] = peak_tflops * 1e12
+    if peak_bandwidth_gbs is not None:
+        flags["peak_bytes_per_s"] = peak_bandwidth_gbs * 1e9
+    peaks = find_peaks({"device": device} if device else {}, flags)
+    frame = regime(asm, shape, peaks) if shape is not None else None
+    summary = regime_summary(frame) if frame is not None else None
+    return RegimeResult(frame, summary, peaks, (device or {}).get("name"))

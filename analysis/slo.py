@@ -21,11 +21,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.load import goodput, load_values
+from ttft.analysis.load import goodput
 
-__all__ = ["MAX_EXHAUSTIVE", "goodput_of", "goodput_summary", "slo_attribution"]
+__all__ = ["MAX_EXHAUSTIVE", "goodput_summary", "slo_attribution"]
 
 MAX_EXHAUSTIVE = 50_000_000
 """Largest (sets × requests) one size of the exhaustive search may evaluate."""
@@ -135,15 +134,3 @@ def goodput_summary(attr: Attribution, loads: Mapping[str, np.ndarray],
     if "ttft" in slo:
         out["ttft_stages"] = slo_attribution(attr, slo["ttft"])
     return out
-
-
-def goodput_of(attr: Attribution, asm: Assembly, slo: Mapping[str, float]) -> dict[str, Any]:
-    """`Summary.goodput` of an attribution against ``slo`` (ms per metric), for a summary
-    made without SLOs (``analyze`` takes none).
-
-    Raises:
-        ValueError: an unknown SLO metric or a limit that is not positive.
-    """
-    found = goodput_summary(attr, load_values(asm, attr), slo)
-    assert found is not None  # slo is not empty: goodput needs at least one limit
-    return found

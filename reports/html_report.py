@@ -18,12 +18,13 @@ from importlib.resources import files
 from pathlib import Path
 
 from ttft.analysis.quality import MEANING
+from ttft.analysis.regime import RegimeResult
 from ttft.reports import _figures
 from ttft.reports._colours import colour
 from ttft.reports._html import _CSS, _e, _figure, _ms, _rows, folded
 from ttft.reports._text import moved_in_all, spread_words
 from ttft.reports.metadata_view import metadata_rows, metadata_summary
-from ttft.reports.regime_view import ABOVE_PEAK, RegimeResult, excess_line
+from ttft.reports.regime_view import ABOVE_PEAK, excess_line
 from ttft.reports.report_data import FIT_MIN_R2, ReportData
 from ttft.reports.transfer_view import transfer_html
 

@@ -7,7 +7,6 @@ supply it; and the line that tells a prefill profile from a request trace."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -22,8 +21,6 @@ from ttft.reports.terminal import fit
 
 __all__ = [
     "ABOVE_PEAK",
-    "RegimeResult",
-    "compute_regime",
     "excess_line",
     "fmt_bound",
     "fmt_si",
@@ -186,67 +183,3 @@ def render_regime(
         excess = roofline_excess(frame, peaks)
         if excess is not None:
             console.print(excess_line(excess, peaks))
-
-
-@dataclass
-class RegimeResult:
-    """What the regime view needs: per-chunk frame and summary (None without a model
-    shape), the peaks (None without any) and the device's name."""
-
-    frame: pd.DataFrame | None
-    summary: pd.DataFrame | None
-    peaks: Peaks | None
-    device_name: str | None
-
-    @property
-    def excess(self) -> RooflineExcess | None:
-        """How far the chunks went past the peaks (`roofline_excess`); None when none did
-        or there is no roofline."""
-        if self.frame is None or self.peaks is None:
-            return None
-        return roofline_excess(self.frame, self.peaks)
-
-
-def compute_regime(
-    asm: Assembly,
-    metadata: dict[str, Any],
-    *,
-    model_config: dict[str, Any] | None = None,
-    model_origin: str = "--model-config",
-    peak_tflops: float | None = None,
-    peak_bandwidth_gbs: float | None = None,
-) -> RegimeResult:
-    """The regime of a trace's prefill chunks: the model from ``model_config`` (the fields
-    of a config file the user named, ``model_origin``) or the trace, the peaks from the
-    trace (measured, else a known GPU's) or the flags; never from the machine running this.
-
-    Raises:
-        ValueError: the model config (given or the trace's) is not a model shape.
-    """
-    from ttft.analysis.regime import (
-        ModelShape,
-        find_model_and_device,
-        find_peaks,
-        regime,
-        regime_summary,
-    )
-
-    model, device = find_model_and_device(asm.rows.table, metadata)
-    if model_config is not None:
-        model = model_config
-    shape = None
-    if model is not None:
-        try:
-            shape = ModelShape.from_dict(model)
-        except (ValueError, TypeError) as exc:
-            where = model_origin if model_config is not None else "the trace's model config"
-            raise ValueError(f"{where}: {exc}") from None
-    flags = {}
-    if peak_tflops is not None:
-        flags["peak_flops_per_s"] = peak_tflops * 1e12
-    if peak_bandwidth_gbs is not None:
-        flags["peak_bytes_per_s"] = peak_bandwidth_gbs * 1e9
-    peaks = find_peaks({"device": device} if device else {}, flags)
-    frame = regime(asm, shape, peaks) if shape is not None else None
-    summary = regime_summary(frame) if frame is not None else None
-    return RegimeResult(frame, summary, peaks, (device or {}).get("name"))

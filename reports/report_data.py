@@ -20,10 +20,9 @@ from ttft.analysis.attribution import Attribution
 from ttft.analysis.blame import blame, blame_summary
 from ttft.analysis.pipeline import Analysis
 from ttft.analysis.prefill import QuadraticFit, prefill_fits, prefill_points
-from ttft.analysis.regime import regime_summary
+from ttft.analysis.regime import RegimeResult, compute_regime, regime_summary
 from ttft.analysis.summary import Summary, percentile_bands
 from ttft.analysis.transfer import deployment_note
-from ttft.reports.regime_view import RegimeResult, compute_regime
 from ttft.reports.waterfall_lanes import clock_kind as clock_kind
 from ttft.reports.waterfall_lanes import event_lanes, lanes, workers
 from ttft.reports.waterfall_lanes import lane_order as lane_order
@@ -108,7 +107,7 @@ def build_report(analysis: Analysis, *, regime: RegimeResult | None = None) -> R
     Args:
         analysis: the trace analysed at the report's boundary and policy.
         regime: the prefill regime (default: from what the trace says of its model and
-            device, `ttft.reports.regime_view.compute_regime`).
+            device, `ttft.analysis.regime.compute_regime`).
     """
     asm, attr = analysis.assembly, analysis.attribution
     waterfalls = []

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ttft.analysis.pipeline import Analysis
+    from ttft.analysis.regime import RegimeResult
     from ttft.analysis.summary import Summary
-    from ttft.reports.regime_view import RegimeResult
 
 app = typer.Typer(
     add_completion=False,
@@ -164,13 +164,13 @@ def regime_of(
     peak_tflops: float | None = None,
     peak_bandwidth_gbs: float | None = None,
 ) -> RegimeResult:
-    """:func:`ttft.reports.regime_view.compute_regime` for a command, with the model config
+    """:func:`ttft.analysis.regime.compute_regime` for a command, with the model config
     read from the JSON file the user named.
 
     Raises:
         typer.Exit: code 2 when ``model_config`` cannot be read or is not a model config.
     """
-    from ttft.reports.regime_view import compute_regime
+    from ttft.analysis.regime import compute_regime
 
     fields = model_config_fields(model_config)
     try:
@@ -206,18 +206,7 @@ def analyze_trace(
 
     table, _ = load_trace(path, format=format, mapping=mapping)
     with progress(f"attributing {table.num_rows:,} spans"):
-        analysis = analyze(table, boundary=boundary, policy=policy, trace=str(path))
-    if slo:
-        add_goodput(analysis, slo)
-    return analysis
-
-
-def add_goodput(analysis: Analysis, slo: dict[str, float]) -> None:
-    """Give ``analysis.summary`` its goodput against ``slo`` (ms per metric), as
-    ``summarize(..., slo=slo)`` would have."""
-    from ttft.analysis.slo import goodput_of
-
-    analysis.summary.goodput = goodput_of(analysis.attribution, analysis.assembly, slo)
+        return analyze(table, boundary=boundary, policy=policy, trace=str(path), slo=slo)
 
 
 def print_summary(analysis: Analysis, *, as_json: bool = False) -> None:

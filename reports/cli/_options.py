@@ -1,4 +1,5 @@
-"""The options and arguments several commands share, declared once."""
+"""The options and arguments several commands share, declared once (the workload options
+of ``trace`` and ``sweep``: :mod:`ttft.reports.cli._workload`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports.cli._app import fail
 from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES
 
 BoundaryName = Enum("BoundaryName", {b: b for b in BOUNDARY_NAMES}, type=str)  # type: ignore[misc]
@@ -139,57 +139,3 @@ SloOption = Annotated[
         "a failed request meets none",
     ),
 ]
-
-
-# The workload options of ``ttft trace``, which ``ttft sweep`` runs at every step.
-UrlArgument = Annotated[str, typer.Argument(
-    metavar="URL", help="the server, e.g. http://127.0.0.1:8000 (or its .../v1)")]
-ModelOption = Annotated[
-    str | None, typer.Option(help="model to ask for (default: the server's first)")
-]
-EndpointOption = Annotated[str, typer.Option(help="completions or chat")]
-ArrivalOption = Annotated[str, typer.Option(help="gaps at --rate: poisson or constant")]
-RequestsOption = Annotated[int | None, typer.Option(min=1, help="requests to send")]
-DurationOption = Annotated[
-    float | None, typer.Option(min=0.001, help="seconds of arrivals (instead of --requests)")
-]
-WarmupOption = Annotated[int, typer.Option(min=0, help="untraced requests first")]
-PromptTokensOption = Annotated[
-    str, typer.Option(help="prompt length A, or uniform in A:B (tokens)")
-]
-OutputTokensOption = Annotated[int, typer.Option(min=1, help="max_tokens of every request")]
-SharedPrefixOption = Annotated[
-    str | None, typer.Option(help="P:S: P shared prefixes, S suffixes each")
-]
-PrefixTokensOption = Annotated[
-    int | None, typer.Option(min=1, help="length of each shared prefix (tokens)")
-]
-SharedFractionOption = Annotated[
-    float, typer.Option(min=0.0, max=1.0, help="share of requests with a shared prefix")
-]
-ApiKeyOption = Annotated[
-    str | None, typer.Option(envvar="OPENAI_API_KEY", help="bearer token for the server")
-]
-TimeoutOption = Annotated[float, typer.Option(min=0.1, help="longest one request may take (s)")]
-ReceiverHostOption = Annotated[str, typer.Option(help="OTLP receiver address")]
-ReceiverPortOption = Annotated[int, typer.Option(min=0, max=65535, help="OTLP/HTTP port")]
-ReceiverGrpcPortOption = Annotated[
-    int | None, typer.Option(min=0, max=65535, help="also receive OTLP/gRPC on this port")
-]
-SpanWaitOption = Annotated[
-    float, typer.Option(min=0, help="seconds to wait for the server's spans at the end")
-]
-
-
-def parse_range(value: str, option: str) -> tuple[int, int]:
-    """``A`` or ``A:B`` → (A, B).
-
-    Raises:
-        typer.Exit: code 2 after an error line naming the option.
-    """
-    head, _, tail = value.partition(":")
-    try:
-        lo, hi = int(head), int(tail or head)
-    except ValueError:
-        raise fail(f"{option} {value!r}: expected A or A:B (whole numbers)") from None
-    return lo, hi

@@ -18,7 +18,6 @@ from rich.text import Text
 from ttft.analysis.compare import CORRECTION, FLOOR_MS, FLOOR_PCT
 from ttft.reports._text import plain
 from ttft.reports.cli._app import (
-    add_goodput,
     analyze_trace,
     app,
     err,
@@ -211,7 +210,8 @@ def _one_process(paths: tuple[Path, Path], given: str | None, policy: str,
     analysed in this process, at ``given``, else at the outermost boundary both support
     (prompt lengths None when either is a partitioned dataset)."""
     analyses = [
-        analyze_trace(path, boundary=given, policy=policy, format=format, mapping=mapping)
+        analyze_trace(path, boundary=given, policy=policy, format=format, mapping=mapping,
+                      slo=slo)
         for path in paths
     ]
     supported = [tuple(n for n in BOUNDARY_NAMES if x.assembly.has_window(n).any())
@@ -219,8 +219,6 @@ def _one_process(paths: tuple[Path, Path], given: str | None, policy: str,
     chosen = given or _common_boundary(supported, paths)
     with progress(f"attributing at the {chosen} boundary"):
         analyses = [x if x.attribution.boundary == chosen else x.at(chosen) for x in analyses]
-    for analysis in analyses if slo else ():
-        add_goodput(analysis, slo)
     from ttft.analysis.load_compare import prompt_tokens
     from ttft.collectors import is_dataset
 

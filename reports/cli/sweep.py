@@ -14,35 +14,18 @@ import typer
 
 from ttft.reports._text import plain
 from ttft.reports.cli._app import app, err, fail, progress, stdout_console
-from ttft.reports.cli._options import (
-    ApiKeyOption,
-    ArrivalOption,
-    DurationOption,
-    EndpointOption,
-    ModelOption,
-    OutputTokensOption,
-    PrefixTokensOption,
-    PromptTokensOption,
-    ReceiverGrpcPortOption,
-    ReceiverHostOption,
-    ReceiverPortOption,
-    RequestsOption,
-    SharedFractionOption,
-    SharedPrefixOption,
-    SloOption,
-    SpanWaitOption,
-    TimeoutOption,
-    UrlArgument,
-    WarmupOption,
-    parse_range,
-)
+from ttft.reports.cli._options import SloOption
 from ttft.reports.cli._progress import RunDisplay
+from ttft.reports.cli._workload import UrlArgument, Workload, workload_options
 
 if TYPE_CHECKING:
     from ttft.reports.runs.sweep import SweepSpec
 
 
 @app.command()
+@workload_options(helps={"seed": (
+    "the sweep's base seed: each step's prompts come from it and the step's index "
+    "(default: a fresh one per sweep; recorded in sweep.json to repeat it)")})
 def sweep(
     url: UrlArgument,
     out: Annotated[Path, typer.Option(
@@ -63,26 +46,8 @@ def sweep(
     same_prompts: Annotated[bool, typer.Option(
         "--same-prompts", help="send every step the same prompts (by default each step "
         "gets fresh ones, so the server's prefix cache does not carry over)")] = False,
-    model: ModelOption = None,
-    endpoint: EndpointOption = "completions",
-    arrival: ArrivalOption = "poisson",
-    requests: RequestsOption = None,
-    duration: DurationOption = None,
-    warmup: WarmupOption = 1,
-    prompt_tokens: PromptTokensOption = "128:512",
-    output_tokens: OutputTokensOption = 32,
-    shared_prefix: SharedPrefixOption = None,
-    prefix_tokens: PrefixTokensOption = None,
-    shared_fraction: SharedFractionOption = 1.0,
-    seed: Annotated[int | None, typer.Option(
-        help="the sweep's base seed: each step's prompts come from it and the step's index "
-        "(default: a fresh one per sweep; recorded in sweep.json to repeat it)")] = None,
-    api_key: ApiKeyOption = None,
-    timeout: TimeoutOption = 120,
-    receiver_host: ReceiverHostOption = "127.0.0.1",
-    receiver_port: ReceiverPortOption = 4318,
-    receiver_grpc_port: ReceiverGrpcPortOption = None,
-    span_wait: SpanWaitOption = 10.0,
+    *,
+    workload: Workload,
     as_json: Annotated[bool, typer.Option("--json", help="print sweep.json's content")] = False,
 ) -> None:
     """Trace the server once per load level (--rates or --concurrency), lowest first, with
@@ -95,7 +60,6 @@ def sweep(
 
     A step that fails outright (the server went away) is recorded as failed and the sweep
     stops there, keeping every earlier step; the exit status is then 1."""
-    from ttft.collectors.trace_run import TraceSpec
     from ttft.reports.runs.sweep import SweepSpec, parse_levels, run_sweep
 
     if (rates is None) == (concurrency is None):
@@ -105,18 +69,7 @@ def sweep(
         levels = parse_levels(rates if rates is not None else str(concurrency), mode)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    workload = TraceSpec(
-        url=url, model=model, endpoint=endpoint, arrival=arrival, requests=requests,
-        duration_s=duration, warmup=warmup,
-        prompt_tokens=parse_range(prompt_tokens, "--prompt-tokens"),
-        output_tokens=output_tokens,
-        shared_prefix=parse_range(shared_prefix, "--shared-prefix") if shared_prefix else None,
-        prefix_tokens=prefix_tokens, shared_fraction=shared_fraction, seed=seed,
-        api_key=api_key, timeout_s=timeout, receiver_host=receiver_host,
-        receiver_port=receiver_port, receiver_grpc_port=receiver_grpc_port,
-        span_wait_s=span_wait,
-    )
-    spec = SweepSpec(workload, mode, levels, slo=slo, goodput_target=goodput_target,
+    spec = SweepSpec(workload.spec(url), mode, levels, slo=slo, goodput_target=goodput_target,
                      same_prompts=same_prompts)
     try:
         content = run_sweep(spec, out, step_display=_StepDisplay(spec).step,

@@ -13,38 +13,17 @@ from ttft.reports._text import plain
 from ttft.reports.cli._app import analyze_trace, app, err, fail, print_summary
 from ttft.reports.cli._interrupt import RunTally
 from ttft.reports.cli._load import print_load
-from ttft.reports.cli._options import (
-    ApiKeyOption,
-    ArrivalOption,
-    DurationOption,
-    EndpointOption,
-    ModelOption,
-    OutputTokensOption,
-    PrefixTokensOption,
-    PromptTokensOption,
-    ReceiverGrpcPortOption,
-    ReceiverHostOption,
-    ReceiverPortOption,
-    RequestsOption,
-    SharedFractionOption,
-    SharedPrefixOption,
-    SpanWaitOption,
-    TimeoutOption,
-    UrlArgument,
-    WarmupOption,
-)
-from ttft.reports.cli._options import parse_range as _range
 from ttft.reports.cli._progress import RunDisplay
+from ttft.reports.cli._workload import UrlArgument, Workload, workload_options
 
 
 @app.command()
+@workload_options(after={"endpoint": ("rate",), "arrival": (
+    "concurrency", "burst", "replay", "scale_tokens", "scale_time")})
 def trace(
     url: UrlArgument,
     out: Annotated[Path, typer.Option("-o", "--out", help="trace file to write (.parquet)")],
-    model: ModelOption = None,
-    endpoint: EndpointOption = "completions",
     rate: Annotated[float | None, typer.Option(min=0.001, help="arrivals per second")] = None,
-    arrival: ArrivalOption = "poisson",
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="closed loop: this many requests in flight")
     ] = None,
@@ -54,23 +33,8 @@ def trace(
     ] = None,
     scale_tokens: Annotated[float, typer.Option(min=0.0001, help="replay: scale lengths")] = 1.0,
     scale_time: Annotated[float, typer.Option(min=0.0, help="replay: scale arrival times")] = 1.0,
-    requests: RequestsOption = None,
-    duration: DurationOption = None,
-    warmup: WarmupOption = 1,
-    prompt_tokens: PromptTokensOption = "128:512",
-    output_tokens: OutputTokensOption = 32,
-    shared_prefix: SharedPrefixOption = None,
-    prefix_tokens: PrefixTokensOption = None,
-    shared_fraction: SharedFractionOption = 1.0,
-    seed: Annotated[int | None, typer.Option(
-        help="seed for everything random (default: a fresh one per run, so a second run "
-        "against a warm server does not hit its prefix cache)")] = None,
-    api_key: ApiKeyOption = None,
-    timeout: TimeoutOption = 120,
-    receiver_host: ReceiverHostOption = "127.0.0.1",
-    receiver_port: ReceiverPortOption = 4318,
-    receiver_grpc_port: ReceiverGrpcPortOption = None,
-    span_wait: SpanWaitOption = 10.0,
+    *,
+    workload: Workload,
     as_json: Annotated[
         bool, typer.Option("--json", help="print the analysis as ttft analyze --json does")
     ] = False,
@@ -84,22 +48,14 @@ def trace(
     A server that exports nothing still gets the client's view: connect, TTFT, and the
     rest as untraced (the server and the network together)."""
     try:  # the load generator's imports take seconds: Ctrl-C may come here
-        from ttft.collectors.trace_run import TraceSpec, trace_server
+        from ttft.collectors.trace_run import trace_server
     except KeyboardInterrupt:
         err.print(plain(RunTally({}, out).interrupted_line(), "yellow"), soft_wrap=True)
         raise typer.Exit(code=130) from None
 
-    spec = TraceSpec(
-        url=url, model=model, endpoint=endpoint, rate=rate, arrival=arrival,
-        concurrency=concurrency, burst=burst, replay=str(replay) if replay else None,
-        scale_tokens=scale_tokens, scale_time=scale_time, requests=requests,
-        duration_s=duration, warmup=warmup,
-        prompt_tokens=_range(prompt_tokens, "--prompt-tokens"), output_tokens=output_tokens,
-        shared_prefix=_range(shared_prefix, "--shared-prefix") if shared_prefix else None,
-        prefix_tokens=prefix_tokens, shared_fraction=shared_fraction, seed=seed,
-        api_key=api_key, timeout_s=timeout,
-        receiver_host=receiver_host, receiver_port=receiver_port,
-        receiver_grpc_port=receiver_grpc_port, span_wait_s=span_wait,
+    spec = workload.spec(
+        url, rate=rate, concurrency=concurrency, burst=burst,
+        replay=str(replay) if replay else None, scale_tokens=scale_tokens, scale_time=scale_time,
     )
     with RunDisplay(err) as display:
         tally = RunTally(display.callbacks(), out)

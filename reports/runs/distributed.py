@@ -52,9 +52,9 @@ from ttft.analysis.partial_report import (
     report_part,
     survey_part,
 )
+from ttft.analysis.regime import RegimeResult
 from ttft.analysis.summary import Summary
 from ttft.collectors.dataset import dataset_info, read_partition
-from ttft.reports.regime_view import RegimeResult
 from ttft.reports.report_data import (
     ReportData,
     Waterfall,
@@ -366,8 +366,7 @@ def dataset_regime(surveys: Sequence[Survey], options: Mapping[str, Any]
     import pyarrow as pa
 
     from ttft.analysis.assemble import assemble
-    from ttft.analysis.regime import ModelShape, find_model_and_device
-    from ttft.reports.regime_view import compute_regime
+    from ttft.analysis.regime import ModelShape, compute_regime, find_model_and_device
 
     info = pa.concat_tables([survey.engine_info for survey in surveys])
     metadata = surveys[0].metadata

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from ttft.analysis import analyze, percentile_bands
-from ttft.analysis.slo import goodput_of
 from ttft.collectors import read_spans
 from ttft.collectors.trace_run import TraceSpec, server_models, server_root, trace_server
 from ttft.collectors.writer import replace_bytes
@@ -194,11 +193,11 @@ def summarize_step(trace: str | os.PathLike[str],
     (``share``, ``requests``, ``per_s``; None without ``slo``) and ``stack``: ms per stage
     of the requests near TTFT's p50 (``p50``, which sums to ``p50_ttft_ms``, see
     `ttft.analysis.percentile_bands`), each stage's ``mean`` ms and ``share`` of TTFT."""
-    analysis = analyze(read_spans(trace), trace=str(trace))
+    analysis = analyze(read_spans(trace), trace=str(trace), slo=slo)
     summary = analysis.summary
     failed = sum(summary.failures.values())
     load = summary.load
-    good = goodput_of(analysis.attribution, analysis.assembly, slo) if slo else None
+    good = summary.goodput
     bands = percentile_bands(analysis.attribution)
     p50 = bands.loc["p50"] if len(bands) else None
     return {

@@ -13,7 +13,6 @@ from test_partial import in_partitions, split
 
 from ttft.analysis import analyze, assemble, attribute, summarize
 from ttft.analysis.load import goodput, load, load_values, request_table
-from ttft.analysis.slo import goodput_of
 
 MS = 1_000_000
 T0 = 1_700_000_000_000_000_000
@@ -83,7 +82,7 @@ def test_per_request_tpot_and_itl_line_up_with_the_attributed_requests(analysed)
     ({"ttft": 1}, 0),
 ])
 def test_goodput_counts_requests_meeting_every_slo_over_all_requests(analysed, slo, meeting):
-    good = goodput_of(analysed.attribution, analysed.assembly, slo)
+    good = summarize(analysed.attribution, analysed.assembly, slo=slo).goodput
     stages = good.pop("ttft_stages", None)  # analysis.slo's part, tested in test_slo.py
     assert (stages is not None) == ("ttft" in slo)
     if stages is not None:
@@ -157,8 +156,7 @@ def test_a_dataset_in_partitions_gives_one_process_load_and_goodput():
 
     whole = generate(120, seed=3).table
     slo = {"ttft": 300, "tpot": 30, "e2e": 800}
-    single = analyze(whole)
-    single.summary.goodput = goodput_of(single.attribution, single.assembly, slo)
+    single = analyze(whole, slo=slo)
     for partitions in (2, 5):
         dataset = split(whole, partitions)
         parts_summary = in_partitions(dataset, None, "exclusive")[1]

@@ -14,12 +14,11 @@ from plotly.offline import get_plotlyjs_version
 
 from ttft.analysis.pipeline import analyze
 from ttft.analysis.prefill import prefill_fits
-from ttft.analysis.regime import Peaks
+from ttft.analysis.regime import Peaks, RegimeResult
 from ttft.analysis.summary import BANDS
 from ttft.collectors.synthetic import generate
 from ttft.reports import _figures, html_report
 from ttft.reports.metadata_view import metadata_rows, metadata_summary
-from ttft.reports.regime_view import RegimeResult
 from ttft.reports.report_data import FIT_MIN_R2, build_report
 
 BASIC_TRACES = {"scatter", "bar"}
