@@ -17,21 +17,13 @@ from _live import Collect
 import ttft.tracer as tt
 from ttft.engine import Engine, EngineConfig, EngineStopped, QueueFull, SamplingParams
 from ttft.engine.kv_cache import PagedKVCache
-from ttft.engine.model import ModelConfig, Transformer, greedy
+from ttft.engine.model import Transformer, greedy
 from ttft.engine.sampler import SamplingError
 from ttft.engine.tokenizer import Tokenizer
 
 SMALL = dict(max_batch_tokens=40, chunk_size=16, block_size=8, num_blocks=512)
 
 
-@pytest.fixture(scope="module")
-def model() -> Transformer:
-    return Transformer.from_config(ModelConfig.preset("tiny"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory) -> Tokenizer:
-    return Tokenizer.load(cache_dir=tmp_path_factory.mktemp("tokenizer"))
 
 
 def reference(model: Transformer, tok: Tokenizer, ids: list[int], max_tokens: int) -> list[int]:

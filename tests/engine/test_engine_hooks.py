@@ -22,9 +22,8 @@ from ttft.engine import Engine, EngineConfig
 from ttft.engine.disagg.decode import DisaggEngine
 from ttft.engine.disagg.prefill import PrefillEngine
 from ttft.engine.hooks import EngineHooks
-from ttft.engine.model import ModelConfig, Transformer, prefill_chunk
+from ttft.engine.model import prefill_chunk
 from ttft.engine.sampler import sample
-from ttft.engine.tokenizer import Tokenizer
 
 SMALL = dict(max_batch_tokens=40, chunk_size=16, block_size=8, num_blocks=512)
 DISAGG_DIR = Path(disagg.__file__).parent
@@ -92,14 +91,6 @@ def test_disagg_engines_override_only_hooks_and_the_lifecycle(cls):
 # -- the hooks on a real engine -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def model() -> Transformer:
-    return Transformer.from_config(ModelConfig.preset("tiny"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory) -> Tokenizer:
-    return Tokenizer.load(cache_dir=tmp_path_factory.mktemp("tokenizer"))
 
 
 class Recording(Engine):

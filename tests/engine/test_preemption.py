@@ -21,21 +21,12 @@ from ttft.collectors import read_spans
 from ttft.collectors.otel_exporter import ParquetSpanExporter
 from ttft.engine import Engine, EngineConfig
 from ttft.engine.kv_cache import PagedKVCache
-from ttft.engine.model import ModelConfig, Transformer, greedy
-from ttft.engine.tokenizer import Tokenizer
+from ttft.engine.model import greedy
 
 # 8-position blocks; budget for every chunk and decode token of these requests at once
 POOL = dict(max_batch_tokens=64, block_size=8)
 
 
-@pytest.fixture(scope="module")
-def model() -> Transformer:
-    return Transformer.from_config(ModelConfig.preset("tiny"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory) -> Tokenizer:
-    return Tokenizer.load(cache_dir=tmp_path_factory.mktemp("tokenizer"))
 
 
 def reference(model, tok, ids: list[int], max_tokens: int) -> list[int]:
