@@ -109,15 +109,6 @@ def _ns(value: Any, scale: float) -> int | None:
     return round(value * scale)
 
 
-def _between(obj: Mapping[str, Any], a: str, b: str, scale: float) -> int | None:
-    """``obj[b] - obj[a]`` in ns (two times of one clock), None unless both are numbers and
-    ``b`` is not before ``a``."""
-    x, y = obj.get(a), obj.get(b)
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (x, y)):
-        return None
-    return _ns(y - x, scale)
-
-
 def _scalars(obj: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     """The number, text and flag fields of ``obj``, keys prefixed (nested ones left out)."""
     return {f"{prefix}{k}": v for k, v in obj.items()

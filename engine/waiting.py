@@ -53,11 +53,6 @@ class WaitingQueue:
         with self._lock:
             self._reqs.appendleft(req)
 
-    def snapshot(self) -> list[RequestState]:
-        """The waiting requests now, in order."""
-        with self._lock:
-            return list(self._reqs)
-
     def head(self, slots: int) -> list[tuple[RequestState, bool]]:
         """The waiting requests up to the ``slots``-th that may be admitted now (no plan
         admits more), each with whether it may (an injected queue delay holds it back)."""
