@@ -72,7 +72,7 @@ def blame(asm: Assembly, step_spans: pa.Table | None = None) -> pd.DataFrame:
             rows with ``service``, ``clock``, ``start_ns``, ``end_ns`` (already on the
             assembly's clock) and ``attributes`` as ``SPAN_SCHEMA`` has them (one partition
             of a dataset blamed against every step of the dataset,
-            ``analysis.partial_report.global_steps``); a step whose service or clock the
+            ``analysis.part.global_steps``); a step whose service or clock the
             assembly lacks overlaps none of its waits.
 
     Returns:

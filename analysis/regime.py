@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from ttft.analysis import _columns as col
 from ttft.analysis._gpus import KNOWN_GPUS, KnownGpu, known_gpu
@@ -38,7 +39,8 @@ from ttft.tracer.schema import ATTR_CACHED_TOKENS, ATTR_CHUNK_TOKENS, ATTR_CONTE
 
 __all__ = [
     "ENGINE_INFO", "FRAME_COLUMNS", "KNOWN_GPUS", "SUMMARY_COLUMNS", "KnownGpu", "ModelShape",
-    "Peaks", "RegimeResult", "RooflineExcess", "chunk_bucket", "chunk_cost", "compute_regime",
+    "Peaks", "RegimeResult", "RegimeSetup", "RooflineExcess", "chunk_bucket", "chunk_cost",
+    "compute_regime", "regime_setup",
     "find_model_and_device", "find_peaks", "known_gpu", "regime", "regime_summary",
     "roofline_excess", "roofline_place",
 ]  # fmt: skip
@@ -328,24 +330,49 @@ class RegimeResult:
         return roofline_excess(self.frame, self.peaks)
 
 
-def compute_regime(
-    asm: Assembly,
+_CHUNK_ORDER = ["trace_id", "context_before", "chunk_tokens", "dur_ns"]
+
+
+@dataclass(frozen=True)
+class RegimeSetup:
+    """What costing a trace's chunks needs, found once for the whole trace: the model's
+    shape (None without one), the peaks (None without any) and the traced device's name."""
+
+    shape: ModelShape | None
+    peaks: Peaks | None
+    device_name: str | None
+
+    def result(self, frame: pd.DataFrame | None) -> RegimeResult:
+        """The `RegimeResult` of ``frame``, every chunk's `regime` row (None without a
+        model shape), sorted by request, then size, and summarized in that order: FLOPs
+        are summed as floats, so the order fixes the last bits, and chunks that came in
+        another order (a dataset's partitions) give the same result."""
+        if frame is None:
+            return RegimeResult(None, None, self.peaks, self.device_name)
+        frame = frame.sort_values(_CHUNK_ORDER, kind="stable").reset_index(drop=True)
+        frame.attrs["peaks"] = self.peaks
+        return RegimeResult(frame, regime_summary(frame, self.peaks), self.peaks,
+                            self.device_name)
+
+
+def regime_setup(
+    table: pa.Table,
     metadata: dict[str, Any],
     *,
     model_config: dict[str, Any] | None = None,
     model_origin: str = "--model-config",
     peak_tflops: float | None = None,
     peak_bandwidth_gbs: float | None = None,
-) -> RegimeResult:
-    """The regime of a trace's prefill chunks: the model from ``model_config`` (the fields
-    of a config file the user named, ``model_origin``) or the trace, the peaks from the
-    trace (measured, else a known GPU's) or the given peaks; never from the machine
-    running this.
+) -> RegimeSetup:
+    """The model from ``model_config`` (the fields of a config file the user named,
+    ``model_origin``) or the trace (its ``engine_info`` events in ``table``, else
+    ``metadata``), the peaks from the trace (measured, else a known GPU's) or the given
+    peaks; never from the machine running this.
 
     Raises:
         ValueError: the model config (given or the trace's) is not a model shape.
     """
-    model, device = find_model_and_device(asm.rows.table, metadata)
+    model, device = find_model_and_device(table, metadata)
     if model_config is not None:
         model = model_config
     shape = None
@@ -361,6 +388,15 @@ def compute_regime(
     if peak_bandwidth_gbs is not None:
         flags["peak_bytes_per_s"] = peak_bandwidth_gbs * 1e9
     peaks = find_peaks({"device": device} if device else {}, flags)
-    frame = regime(asm, shape, peaks) if shape is not None else None
-    summary = regime_summary(frame) if frame is not None else None
-    return RegimeResult(frame, summary, peaks, (device or {}).get("name"))
+    return RegimeSetup(shape, peaks, (device or {}).get("name"))
+
+
+def compute_regime(asm: Assembly, metadata: dict[str, Any], **options: Any) -> RegimeResult:
+    """The regime of a trace's prefill chunks, set up (`regime_setup`, whose keyword
+    arguments ``options`` are) from the trace ``asm`` assembled.
+
+    Raises:
+        ValueError: the model config (given or the trace's) is not a model shape.
+    """
+    setup = regime_setup(asm.rows.table, metadata, **options)
+    return setup.result(None if setup.shape is None else regime(asm, setup.shape, setup.peaks))

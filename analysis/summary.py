@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ttft.analysis.after_first_token import after_first_token_values, summarize_values
-from ttft.analysis.assemble import Assembly
+from ttft.analysis.after_first_token import summarize_values
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.load import load, load_values
+from ttft.analysis.load import load
 from ttft.analysis.quality import EXAMPLES_KEPT
+from ttft.analysis.request_values import RequestValues
 from ttft.analysis.slo import goodput_summary
-from ttft.analysis.transfer import transfer_summary, transfers
+from ttft.analysis.transfer import transfer_summary
 from ttft.tracer.schema import CONDITIONS, OUTCOMES, SCHEMA_VERSION
 
 _NS_PER_MS = 1e6
@@ -198,41 +198,29 @@ class Summary:
 
 def summarize(
     attr: Attribution,
-    asm: Assembly | None,
+    values: RequestValues,
     *,
     trace: str = "",
     schema_version: int = SCHEMA_VERSION,
-    decode: dict[str, np.ndarray] | None = None,
-    loads: Mapping[str, np.ndarray] | None = None,
     slo: Mapping[str, float] | None = None,
-    kv: pd.DataFrame | None = None,
 ) -> Summary:
-    """Summarize an attribution (see `Summary`).
+    """Summarize an attribution and its requests' values (see `Summary`): built from
+    per-request values alone, so one table and a dataset's merged partitions give one
+    summary.
 
     Args:
         attr: the attribution to summarize.
-        asm: the assembly it came from (token events for inter-token latency, client spans
-            for load); None with ``decode`` and ``loads``.
+        values: its requests' `RequestValues` (``request_values`` of one assembly, or
+            ``stacked`` over parts).
         trace: the trace's path, echoed back.
         schema_version: the trace file's schema version.
-        decode: `after_first_token_values` already taken (over a dataset's partitions), instead of
-            from ``asm``.
-        loads: ``analysis.load.load_values`` already taken, instead of from ``asm``.
         slo: a limit in ms per metric (``ttft``, ``tpot``, ``itl``, ``e2e``) for goodput;
             None for no goodput.
-        kv: ``analysis.transfer.transfers`` already taken, instead of from ``asm``.
 
     Raises:
         ValueError: an unknown SLO metric or a limit that is not positive.
     """
-    if decode is None or loads is None or kv is None:
-        assert asm is not None, "summarize needs an assembly or its decode, load, kv values"
-    if decode is None:
-        decode = after_first_token_values(asm, attr.requests["request"].to_numpy())
-    if loads is None:
-        loads = load_values(asm, attr, decode)
-    if kv is None:
-        kv = transfers(asm, attr.requests["request"].to_numpy())
+    loads = values.load
     ttft = attr.requests["ttft_ns"].to_numpy()
     conditions = attr.requests["condition"].to_numpy()
     failed = attr.failed
@@ -261,13 +249,13 @@ def summarize(
         ttft_ms=_ms(ttft) if len(ttft) else None,  # no made-up 0 ms: no ok request had one
         stages=_stages_dict(stage_table(attr)),
         conditions=by_condition,
-        **summarize_values(decode),
+        **summarize_values(values.after_first_token),
         tail=_stages_dict(tail_mix(attr)),
         quality=dict(attr.quality.counts),
         clocks=clocks if disagree else None,
         load=load_summary(loads),
         goodput=goodput_summary(attr, loads, slo),
-        kv_transfer=transfer_summary(kv),
+        kv_transfer=transfer_summary(values.transfers),
     )
 
 

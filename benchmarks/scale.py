@@ -21,7 +21,7 @@ deleted at the end.
 
 Measured, in one run:
 
-- speed, on the ``--spans`` dataset in ``--partitions`` partitions: ``analyze_dataset``
+- speed, on the ``--spans`` dataset in ``--partitions`` partitions: ``analyze_location``
   (both passes: clock bounds, then assemble and attribute per partition; driver merge)
   on a ``LocalCluster`` of 1 and of 2 worker processes with one thread each, each cluster
   started once and reused (``scheduler=cluster.scheduler_address``); an untimed-for-the-
@@ -169,14 +169,16 @@ def _cluster(stack: ExitStack, workers: int) -> tuple[Any, Any]:
 
 
 def _timed(path: Path, address: str, client: Any) -> tuple[float, Any, float, float]:
-    """One ``analyze_dataset`` run: wall seconds, its result, and the CPU seconds the
-    workers (together) and this driver process spent in it."""
-    from ttft.reports.runs.distributed import analyze_dataset
+    """One ``analyze_location`` run on the cluster: wall seconds, its analysis, and the CPU
+    seconds the workers (together) and this driver process spent in it."""
+    from ttft.collectors import TraceLocation
+    from ttft.reports.runs.analyses import analyze_location, runner
 
     workers_cpu = sum(client.run(_cpu_s).values())
     driver_cpu = _cpu_s()
     started = time.perf_counter()
-    result = analyze_dataset(str(path), scheduler=address)
+    with runner(scheduler=address) as on_dask:
+        result = analyze_location(TraceLocation(str(path)), on_dask)
     took = time.perf_counter() - started
     return (took, result, sum(client.run(_cpu_s).values()) - workers_cpu,
             _cpu_s() - driver_cpu)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ttft.collectors.errors import TraceFileError
     from ttft.collectors.importers.mapping import StageMapping, default_mapping, load_mapping
     from ttft.collectors.join import JoinReport, join_traces
+    from ttft.collectors.location import TraceLocation
     from ttft.collectors.otel_exporter import ParquetSpanExporter
     from ttft.collectors.otlp_grpc import OTLPGrpcReceiver
     from ttft.collectors.otlp_receiver import OTLPReceiver
@@ -53,6 +54,7 @@ _EXPORTS = {
     "ParquetSpanExporter": "ttft.collectors.otel_exporter",
     "StageMapping": "ttft.collectors.importers.mapping",
     "TraceFileError": "ttft.collectors.errors",
+    "TraceLocation": "ttft.collectors.location",
     "TraceRun": "ttft.collectors.trace_run",
     "TraceSpec": "ttft.collectors.trace_run",
     "TraceWriter": "ttft.collectors.writer",
@@ -84,6 +86,7 @@ __all__ = [
     "ParquetSpanExporter",
     "StageMapping",
     "TraceFileError",
+    "TraceLocation",
     "TraceRun",
     "TraceSpec",
     "TraceWriter",

@@ -24,12 +24,18 @@ from typing import IO, Any
 import pyarrow as pa
 
 from ttft.collectors._files import parts_dir
-from ttft.collectors.dataset import DATASET_FILE, is_dataset, is_url, read_dataset
+from ttft.collectors.dataset import (
+    DATASET_FILE,
+    is_dataset,
+    is_url,
+    read_dataset,
+    read_partition,
+)
 from ttft.collectors.errors import TraceFileError
 from ttft.collectors.importers import IMPORTERS
 from ttft.collectors.importers._base import MAX_DECOMPRESSED_BYTES, head
 from ttft.collectors.importers.mapping import StageMapping, default_mapping, load_mapping
-from ttft.tracer.schema import INPUTS_KEY, METADATA_KEY
+from ttft.tracer.schema import INPUTS_KEY, METADATA_KEY, OWN_ROWS_KEY
 
 __all__ = ["FIFO_WAIT_S", "STDIN", "guess_format", "read_inputs", "read_spans", "run_metadata"]
 
@@ -88,6 +94,7 @@ def read_spans(
     *,
     format: str | None = None,
     mapping: StageMapping | str | os.PathLike[str] | None = None,
+    partition: int | None = None,
 ) -> pa.Table:
     """Read a trace in any format, with stages mapped.
 
@@ -105,6 +112,9 @@ def read_spans(
         mapping: the stage rules: None for the built-in ones (vLLM, SGLang, TGI); the path
             of a TOML rules file, whose rules are tried before the built-in ones; or a
             `StageMapping`, applied as it is (e.g. ``default_mapping().extended(mine)``).
+        partition: of a partitioned dataset, read only partition ``partition``: its own
+            rows, then copies of the step traces its requests joined, how many rows it
+            owns under ``OWN_ROWS_KEY`` in the schema metadata (None: the whole trace).
 
     Returns:
         A table with exactly ``SPAN_SCHEMA`` whose schema metadata holds the run metadata
@@ -114,9 +124,11 @@ def read_spans(
         TraceFileError: the path is missing or unrecognised, the format name unknown, the
             file breaks its format (named by file and row, line or frame).
         ValueError: the mapping file cannot be read or holds a bad rule (the message names
-            the file, the rule and the field).
+            the file, the rule and the field), or the dataset has no such partition.
     """
     rules = _mapping(mapping)
+    if partition is not None:
+        return _read_partition(path, format, rules, partition)
     if is_url(path):  # a URL is read as a partitioned dataset, through fsspec
         if format not in (None, "ttft"):
             raise TraceFileError(path, f"a URL is read only as a ttft dataset, not {format!r}")
@@ -130,6 +142,19 @@ def read_spans(
         metadata = {**run_metadata(table), "source": shown}
         return table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata).encode()})
     return _read(Path(path), format, rules)
+
+
+def _read_partition(path: str | os.PathLike[str], format: str | None, rules: StageMapping,
+                    k: int) -> pa.Table:
+    if format not in (None, "ttft"):
+        raise TraceFileError(path, f"a partition is read only from a ttft dataset, not {format!r}")
+    if not is_dataset(path):
+        raise TraceFileError(path, "not a partitioned dataset, so it has no partitions; make "
+                                   f"one with: ttft partition {os.fspath(path)} -o DATASET")
+    table, own = read_partition(path, k)
+    table = rules.apply(table)
+    return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                          OWN_ROWS_KEY: str(own).encode()})
 
 
 def _read(path: Path, format: str | None, rules: StageMapping) -> pa.Table:

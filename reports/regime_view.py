@@ -99,18 +99,19 @@ def excess_line(excess: RooflineExcess, peaks: Peaks, unit: str = "chunks") -> T
     )
 
 
-def profile_line(metadata: dict[str, Any], asm: Assembly) -> str | None:
+def profile_line(metadata: dict[str, Any], asm: Assembly | None) -> str | None:
     """For a ``ttft profile-prefill`` trace (its metadata's ``tool``), what it is: ``a
     prefill profile (ttft profile-prefill): 30 timed prefill runs of the small model, no
     requests: TTFT, stages and defects do not apply; see its regime (--regime)``; None
-    for any other trace."""
+    for any other trace. ``asm`` is the trace assembled (None: merged from partitions,
+    where the runs are not counted)."""
     if metadata.get("tool") != PROFILE_TOOL:
         return None
-    runs = len(asm.rows.of("prefill"))
+    runs = "" if asm is None else f"{len(asm.rows.of('prefill')):,} "
     model = metadata.get("model")
     of = f" of the {model} model" if model else ""
     return (
-        f"a prefill profile ({PROFILE_TOOL}): {runs:,} timed prefill runs{of}, no requests: "
+        f"a prefill profile ({PROFILE_TOOL}): {runs}timed prefill runs{of}, no requests: "
         "TTFT, its stages and request defects do not apply"
     )
 

@@ -1,9 +1,9 @@
 """Everything a latency report shows, computed once for the HTML and the terminal version.
 
-`build_report` takes one analysis (attribution done), adds percentile bands, blame, prefill
-scaling and the regime, and picks the requests whose waterfalls are drawn; the renderers
-only lay the results out. `combine_report` is its second half, which a dataset analysed in
-partitions (``ttft.reports.runs.distributed``) calls with the partitions' rows merged.
+`build_report` takes one analysis (attribution done, the report's per-request rows merged
+from its parts), adds percentile bands, blame, prefill scaling and the regime, and the
+waterfalls of the chosen requests; the renderers only lay the results out. One process and
+a dataset's partitions (``ttft.reports.runs.analyses``) reach it with the same analysis.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import pyarrow as pa
 
 from ttft.analysis.assemble import Assembly, Rows
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.blame import blame, blame_summary
-from ttft.analysis.pipeline import Analysis
-from ttft.analysis.prefill import QuadraticFit, prefill_fits, prefill_points
-from ttft.analysis.regime import RegimeResult, compute_regime, regime_summary
+from ttft.analysis.blame import blame_summary
+from ttft.analysis.part import with_report
+from ttft.analysis.prefill import QuadraticFit, prefill_fits
+from ttft.analysis.regime import RegimeResult
+from ttft.analysis.result import Analysis
 from ttft.analysis.summary import Summary, percentile_bands
 from ttft.analysis.transfer import deployment_note
 from ttft.reports.waterfall_lanes import clock_kind as clock_kind
@@ -34,7 +35,6 @@ MAX_WATERFALL_SPANS = 400
 CHOSEN = ("median", "p99", "slowest")
 FIT_MIN_R2 = 0.9
 """A prefill fit is drawn only when it explains at least this share of the variance."""
-_CHUNK_ORDER = ["trace_id", "context_before", "chunk_tokens", "dur_ns"]
 
 
 @dataclass
@@ -101,50 +101,34 @@ class ReportData:
         return {c: f for c, f in self.prefill_fits.items() if f.r2 >= FIT_MIN_R2}
 
 
-def build_report(analysis: Analysis, *, regime: RegimeResult | None = None) -> ReportData:
-    """Everything the report shows, from one analysis.
+def build_report(analysis: Analysis, *, waterfalls: list[Waterfall] | None = None
+                 ) -> ReportData:
+    """Everything the report shows, from one analysis: made for a report (the driver's,
+    ``ttft.reports.runs.analyses``, or ``analyze(..., regime=...)``), or analysed whole in
+    this process, whose report rows are then taken from its assembly (``with_report``).
+
+    Whatever order the requests and chunks came in (one table, or a dataset's partitions
+    merged), the prefill points, their fits and the regime come out the same (sorted by
+    request, fitted and summed in that order), and the blame and bands are sums over
+    requests. Blame and the prefill fit are over the requests every TTFT figure is over
+    (those that did not fail and have a window at the boundary), so their counts agree with
+    the headline's; the regime describes the device, from every chunk it ran.
 
     Args:
         analysis: the trace analysed at the report's boundary and policy.
-        regime: the prefill regime (default: from what the trace says of its model and
-            device, `ttft.analysis.regime.compute_regime`).
+        waterfalls: the `waterfall` of each of `chosen_requests` (None: drawn from the
+            analysis's assembly).
     """
-    asm, attr = analysis.assembly, analysis.attribution
-    waterfalls = []
-    for label, row in chosen_requests(attr):
-        req = attr.requests.iloc[row]
-        a_ns = int(req["a_ns"])
-        frame = request_spans(asm, int(req["request"]), a_ns, a_ns + int(req["ttft_ns"]))
-        waterfalls.append(waterfall(label, req, attr.attributed.iloc[row], frame))
-    return combine_report(
-        analysis.summary, analysis.metadata, attr, waterfalls, blame(asm), prefill_points(asm),
-        regime if regime is not None else compute_regime(asm, analysis.metadata),
-    )
-
-
-def combine_report(summary: Summary, metadata: dict[str, Any], attr: Attribution,
-                   waterfalls: list[Waterfall], blame_rows: pd.DataFrame,
-                   points: pd.DataFrame, regime: RegimeResult) -> ReportData:
-    """The `ReportData` of analyses made in one process or merged from a dataset's
-    partitions: whatever order the requests and chunks came in, the prefill points, their
-    fits and the regime come out the same (sorted by request, fitted and summed in that
-    order), and the blame and bands are sums over requests.
-
-    Args:
-        summary, attr: the trace's summary and attribution at the report's boundary.
-        metadata: its run metadata.
-        waterfalls: the `waterfall` of each of `chosen_requests`.
-        blame_rows: `ttft.analysis.blame.blame` of every request.
-        points: `ttft.analysis.prefill.prefill_points` of every request.
-        regime: the regime, its per-chunk frame of every chunk.
-
-    Blame and the prefill fit are over the requests every TTFT figure is over (those that
-    did not fail and have a window at the boundary, ``attr.requests``), so their counts
-    agree with the headline's; the regime describes the device, from every chunk it ran.
-    """
+    if analysis.report is None or analysis.report.blame is None:
+        analysis = with_report(analysis)
+    attr, summary, rows = analysis.attribution, analysis.summary, analysis.report
+    assert rows is not None and rows.blame is not None and rows.prefill_points is not None
+    assert analysis.regime is not None
+    if waterfalls is None:
+        waterfalls = own_waterfalls(analysis)
     shown = set(attr.requests["trace_id"])  # a request's smallest trace id names it
-    blame_rows = blame_rows[blame_rows["trace_id"].isin(shown)]
-    points = points[points["trace_id"].isin(shown)]
+    blame_rows = rows.blame[rows.blame["trace_id"].isin(shown)]
+    points = rows.prefill_points[rows.prefill_points["trace_id"].isin(shown)]
     conditions = attr.requests["condition"].to_numpy()
     groups = {"all": np.ones(len(conditions), bool)}
     for cond in CONDITIONS:
@@ -155,7 +139,7 @@ def combine_report(summary: Summary, metadata: dict[str, Any], attr: Attribution
     points = points.sort_values("trace_id", kind="stable").reset_index(drop=True)
     return ReportData(
         trace=summary.trace,
-        metadata=metadata,
+        metadata=analysis.metadata,
         summary=summary,
         attribution=attr,
         groups=groups,
@@ -165,20 +149,24 @@ def combine_report(summary: Summary, metadata: dict[str, Any], attr: Attribution
         blame=blame_summary(blame_rows),
         prefill_points=points,
         prefill_fits=prefill_fits(points),
-        regime=_in_request_order(regime),
-        notes=[note] if (note := deployment_note(metadata, summary.kv_transfer)) else [],
+        regime=analysis.regime.result(rows.regime),
+        notes=[note] if (note := deployment_note(analysis.metadata, summary.kv_transfer)) else [],
     )
 
 
-def _in_request_order(found: RegimeResult) -> RegimeResult:
-    """``found`` with its chunks sorted by request, then size, and summarized in that order
-    (FLOPs are summed as floats, so the order fixes the last bits)."""
-    if found.frame is None:
-        return found
-    frame = found.frame.sort_values(_CHUNK_ORDER, kind="stable").reset_index(drop=True)
-    frame.attrs["peaks"] = found.peaks
-    return RegimeResult(frame, regime_summary(frame, found.peaks), found.peaks,
-                        found.device_name)
+def own_waterfalls(analysis: Analysis) -> list[Waterfall]:
+    """The waterfalls of `chosen_requests`, drawn from the analysis's own assembly."""
+    asm, attr = analysis.assembly, analysis.attribution
+    if asm is None:
+        raise ValueError("an analysis merged from partitions has its waterfalls drawn by its "
+                         "driver (ttft.reports.runs.analyses)")
+    waterfalls = []
+    for label, row in chosen_requests(attr):
+        req = attr.requests.iloc[row]
+        a_ns = int(req["a_ns"])
+        frame = request_spans(asm, int(req["request"]), a_ns, a_ns + int(req["ttft_ns"]))
+        waterfalls.append(waterfall(label, req, attr.attributed.iloc[row], frame))
+    return waterfalls
 
 
 def chosen_requests(attr: Attribution) -> list[tuple[str, int]]:
@@ -217,7 +205,7 @@ def request_spans(asm: Assembly, request: int, a_ns: int, b_ns: int,
         request: the request's index into ``asm.requests``.
         a_ns, b_ns: its window.
         steps: every ``step`` span of the trace on that clock, with ``name``,
-            ``service``, ``clock``, ``start_ns`` and ``end_ns`` (``analysis.partial_report.
+            ``service``, ``clock``, ``start_ns`` and ``end_ns`` (``analysis.part.
             global_steps``), when ``asm`` holds only some; None for those of ``asm``.
     """
     rows = asm.rows

@@ -22,6 +22,12 @@ INPUTS_KEY: Final[bytes] = b"ttft.inputs"
 """Schema metadata key of a table read from several runs or an unfinished one: what was read
 (a JSON list; see ``ttft.collectors.read_inputs``). Never written to a file."""
 
+OWN_ROWS_KEY: Final[bytes] = b"ttft.own_rows"
+"""Schema metadata key of one partition of a dataset read alone (``read_spans(path,
+partition=k)``): how many of its leading rows it owns (a decimal count); the rows after
+them are copies of the step traces its requests joined, owned by other partitions. Never
+written to a file."""
+
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
 SPAN_SCHEMA: Final[pa.Schema] = pa.schema(

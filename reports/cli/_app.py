@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from ttft.analysis.pipeline import Analysis
-    from ttft.analysis.regime import RegimeResult
     from ttft.analysis.summary import Summary
 
 app = typer.Typer(
@@ -155,36 +154,6 @@ def model_config_fields(path: Path | None) -> dict[str, Any] | None:
     if not isinstance(fields, dict):
         raise fail(f"{path}: expected a JSON object of model config fields")
     return fields
-
-
-def regime_of(
-    analysis: Analysis,
-    *,
-    model_config: Path | None = None,
-    peak_tflops: float | None = None,
-    peak_bandwidth_gbs: float | None = None,
-) -> RegimeResult:
-    """:func:`ttft.analysis.regime.compute_regime` for a command, with the model config
-    read from the JSON file the user named.
-
-    Raises:
-        typer.Exit: code 2 when ``model_config`` cannot be read or is not a model config.
-    """
-    from ttft.analysis.regime import compute_regime
-
-    fields = model_config_fields(model_config)
-    try:
-        with progress("computing the prefill regime"):
-            return compute_regime(
-                analysis.assembly,
-                analysis.metadata,
-                model_config=fields,
-                model_origin=str(model_config),
-                peak_tflops=peak_tflops,
-                peak_bandwidth_gbs=peak_bandwidth_gbs,
-            )
-    except ValueError as exc:
-        raise fail(str(exc)) from None
 
 
 def analyze_trace(

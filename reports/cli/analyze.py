@@ -11,16 +11,7 @@ from typing import Annotated
 import typer
 
 from ttft.reports._text import plain
-from ttft.reports.cli._app import (
-    analyze_trace,
-    app,
-    fail,
-    print_summary,
-    print_summary_of,
-    regime_of,
-    stdout_console,
-)
-from ttft.reports.cli._distributed import analyze_in_partitions
+from ttft.reports.cli._app import app, fail, print_summary, stdout_console
 from ttft.reports.cli._options import (
     BoundaryOption,
     FormatOption,
@@ -36,6 +27,7 @@ from ttft.reports.cli._options import (
     TraceArgument,
     WorkersOption,
 )
+from ttft.reports.cli._where import analysed, regime_options
 
 
 @app.command()
@@ -62,27 +54,17 @@ def analyze(
     per stage and per condition (cold, prefix_hit), with the data-quality defects found;
     with --regime, also whether each prefill chunk was compute- or memory-bound. With
     --workers or --scheduler, a partitioned dataset (ttft partition) is analysed one
-    partition per Dask task, with exactly the result of one process. With --slo, also
-    the goodput: the share and rate of requests meeting every SLO."""
-    if workers is not None or scheduler is not None:
-        if regime:
-            raise fail("--regime is not available with --workers or --scheduler yet; "
-                       "analyse the dataset in one process for it")
-        summary = analyze_in_partitions(
-            trace, boundary=boundary.value if boundary else None, policy=policy.value,
-            mapping=mapping, workers=workers, scheduler=scheduler, per_request=per_request,
-            format=format, slo=slo,
-        )
-        print_summary_of(summary, as_json=as_json)
-        return
-    analysis = analyze_trace(
-        trace,
-        boundary=boundary.value if boundary else None,
-        policy=policy.value,
-        format=format,
-        mapping=mapping,
-        slo=slo,
-    )
+    partition per Dask task, with exactly the result of one process, every option alike.
+    With --slo, also the goodput: the share and rate of requests meeting every SLO."""
+    from ttft.reports.runs.analyses import analyze_location
+
+    options = (regime_options(model_config, peak_tflops, peak_bandwidth_gbs) if regime
+               else None)
+    with analysed([trace], format=format, mapping=mapping, workers=workers,
+                  scheduler=scheduler) as where:
+        analysis = analyze_location(
+            where.locations[0], where.runner, boundary=boundary.value if boundary else None,
+            policy=policy.value, slo=slo, regime=options, on_done=where.on_done)
     if per_request is not None:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -105,12 +87,8 @@ def analyze(
         else:
             print_summary(analysis, as_json=as_json)
         return
-    found = regime_of(
-        analysis,
-        model_config=model_config,
-        peak_tflops=peak_tflops,
-        peak_bandwidth_gbs=peak_bandwidth_gbs,
-    )
+    assert analysis.regime is not None and analysis.report is not None
+    found = analysis.regime.result(analysis.report.regime)
     if as_json:
         out = {**analysis.summary.to_dict(), "regime": _regime_json(found)}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")

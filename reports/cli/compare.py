@@ -17,15 +17,7 @@ from rich.text import Text
 
 from ttft.analysis.compare import CORRECTION, FLOOR_MS, FLOOR_PCT
 from ttft.reports._text import plain
-from ttft.reports.cli._app import (
-    analyze_trace,
-    app,
-    err,
-    fail,
-    progress,
-    stdout_console,
-)
-from ttft.reports.cli._distributed import compare_in_partitions
+from ttft.reports.cli._app import app, err, fail, progress, stdout_console
 from ttft.reports.cli._options import (
     BoundaryName,
     FormatOption,
@@ -36,6 +28,7 @@ from ttft.reports.cli._options import (
     SloOption,
     WorkersOption,
 )
+from ttft.reports.cli._where import analysed
 from ttft.tracer.schema import BOUNDARY_NAMES
 
 _CONFIDENCE = 0.95
@@ -92,19 +85,18 @@ def compare(
     from ttft.analysis.load_compare import compare_load, load_checks
 
     given = boundary.value if boundary else None
-    prompts = None
-    if workers is not None or scheduler is not None:
-        results = compare_in_partitions(
-            (a, b), boundary=given, policy=policy.value, mapping=mapping, workers=workers,
-            scheduler=scheduler, choose=lambda found: _common_boundary(found, (a, b)),
-            format=format, slo=slo,
-        )
-        attrs = [r.attribution for r in results]
-        summaries = [r.summary for r in results]
-        metadata = _dataset_metadata((a, b))
-    else:
-        attrs, summaries, metadata, prompts = _one_process((a, b), given, policy.value, format,
-                                                           mapping, slo)
+    analyses = _analysed((a, b), given, policy.value, format, mapping, slo, workers, scheduler)
+    attrs = [x.attribution for x in analyses]
+    summaries = [x.summary for x in analyses]
+    metadata = [x.metadata for x in analyses]
+    from ttft.analysis.load_compare import prompt_tokens
+    from ttft.collectors import is_dataset
+
+    # A partitioned dataset's prompt lengths are not gathered across its partitions (see
+    # `compare`): one process leaves them out too, so both give one answer for one dataset.
+    prompts = None if any(is_dataset(path) or x.assembly is None
+                          for path, x in zip((a, b), analyses, strict=True)) else tuple(
+        prompt_tokens(x.assembly) for x in analyses)
     chosen = attrs[0].boundary
     load = compare_load(*summaries)
     checks = load_checks((metadata[0], metadata[1]), (summaries[0], summaries[1]), prompts)
@@ -203,38 +195,18 @@ def compare(
                    f"floor max({floor_ms:g} ms, {floor_pct:g}% of A))", style="green"))
 
 
-def _one_process(paths: tuple[Path, Path], given: str | None, policy: str,
-                 format: str | None, mapping: Path | None, slo: dict[str, float] | None
-                 ) -> tuple[list, list, list, tuple | None]:
-    """``(attributions, summaries, run metadata, prompt lengths)`` of both traces read and
-    analysed in this process, at ``given``, else at the outermost boundary both support
-    (prompt lengths None when either is a partitioned dataset)."""
-    analyses = [
-        analyze_trace(path, boundary=given, policy=policy, format=format, mapping=mapping,
-                      slo=slo)
-        for path in paths
-    ]
-    supported = [tuple(n for n in BOUNDARY_NAMES if x.assembly.has_window(n).any())
-                 for x in analyses]
-    chosen = given or _common_boundary(supported, paths)
-    with progress(f"attributing at the {chosen} boundary"):
-        analyses = [x if x.attribution.boundary == chosen else x.at(chosen) for x in analyses]
-    from ttft.analysis.load_compare import prompt_tokens
-    from ttft.collectors import is_dataset
+def _analysed(paths: tuple[Path, Path], given: str | None, policy: str, format: str | None,
+              mapping: Path | None, slo: dict[str, float] | None, workers: int | None,
+              scheduler: str | None) -> list:
+    """Both traces analysed (in this process, or on Dask with ``workers`` or
+    ``scheduler``) at ``given``, else at the outermost boundary both support."""
+    from ttft.reports.runs.analyses import compare_locations
 
-    # A partitioned dataset's prompt lengths are not gathered across its partitions (see
-    # `compare`): one process leaves them out too, so both give one answer for one dataset.
-    prompts = None if any(is_dataset(path) for path in paths) else tuple(
-        prompt_tokens(x.assembly) for x in analyses)
-    return ([x.attribution for x in analyses], [x.summary for x in analyses],
-            [x.metadata for x in analyses], prompts)
-
-
-def _dataset_metadata(paths: tuple[Path, Path]) -> list[dict]:
-    """Each dataset's run metadata (its ``_ttft_dataset.json``)."""
-    from ttft.collectors import dataset_info
-
-    return [dataset_info(path).get("metadata") or {} for path in paths]
+    with analysed(list(paths), format=format, mapping=mapping, workers=workers,
+                  scheduler=scheduler) as where:
+        return compare_locations(
+            where.locations, where.runner, boundary=given, policy=policy, slo=slo,
+            choose=lambda found: _common_boundary(found, paths), on_done=where.on_done)
 
 
 def _common_boundary(supported: list[tuple[str, ...]], paths: tuple[Path, Path]) -> str:

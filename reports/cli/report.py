@@ -9,16 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ttft.reports.cli._app import (
-    analyze_trace,
-    app,
-    err,
-    fail,
-    progress,
-    regime_of,
-    stdout_console,
-)
-from ttft.reports.cli._distributed import report_in_partitions
+from ttft.reports.cli._app import app, err, fail, progress, stdout_console
 from ttft.reports.cli._options import (
     BoundaryOption,
     FormatOption,
@@ -33,6 +24,7 @@ from ttft.reports.cli._options import (
     TraceArgument,
     WorkersOption,
 )
+from ttft.reports.cli._where import analysed, regime_options
 
 
 @app.command()
@@ -70,16 +62,14 @@ def report(
     if report_sweep(trace, out):  # a sweep directory (ttft sweep) has its own report
         return
     started = time.perf_counter()
-    if workers is not None or scheduler is not None:
-        data = report_in_partitions(
-            trace, boundary=boundary.value if boundary else None, policy=policy.value,
-            mapping=mapping, workers=workers, scheduler=scheduler, format=format, slo=slo,
-            model_config=model_config, peak_tflops=peak_tflops,
-            peak_bandwidth_gbs=peak_bandwidth_gbs,
-        )
-    else:
-        data = _one_process(trace, boundary, policy, format, mapping, slo, model_config,
-                            peak_tflops, peak_bandwidth_gbs)
+    from ttft.reports.runs.analyses import report_location
+
+    options = regime_options(model_config, peak_tflops, peak_bandwidth_gbs)
+    with analysed([trace], format=format, mapping=mapping, workers=workers,
+                  scheduler=scheduler, what="analyzing (blame, prefill, waterfalls)") as where:
+        data = report_location(
+            where.locations[0], where.runner, boundary=boundary.value if boundary else None,
+            policy=policy.value, slo=slo, regime=options, on_done=where.on_done)
     if out is None:
         from ttft.reports.terminal_report import render_report
 
@@ -97,25 +87,3 @@ def report(
         f"in {time.perf_counter() - started:.1f} s; open it in a browser (works offline)"
     )
 
-
-def _one_process(trace, boundary, policy, format, mapping, slo, model_config, peak_tflops,
-                 peak_bandwidth_gbs):
-    """The ``ReportData`` of ``trace`` read and analysed in this process."""
-    from ttft.reports import report_data
-
-    analysis = analyze_trace(
-        trace,
-        boundary=boundary.value if boundary else None,
-        policy=policy.value,
-        format=format,
-        mapping=mapping,
-        slo=slo,  # the report's summary is the analysis's
-    )
-    found = regime_of(
-        analysis,
-        model_config=model_config,
-        peak_tflops=peak_tflops,
-        peak_bandwidth_gbs=peak_bandwidth_gbs,
-    )
-    with progress("analyzing blame, prefill scaling and waterfalls"):
-        return report_data.build_report(analysis, regime=found)

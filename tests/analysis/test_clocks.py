@@ -18,6 +18,7 @@ from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
 from ttft.analysis.clock_offset import MIN_REQUESTS, ClockOffset
 from ttft.analysis.clocks import apply_offsets, estimate_offsets
+from ttft.analysis.request_values import request_values
 from ttft.analysis.summary import Summary, summarize
 from ttft.collectors.synthetic import HOST_CLOCK, generate
 from ttft.reports.terminal import render_analysis
@@ -65,7 +66,7 @@ def test_one_host_trace_gets_offset_zero_and_unchanged_attribution(synth):
     assert apply_offsets(synth, estimate_offsets(synth)) is synth
     asm = assemble(synth)
     assert [c.offset_ns for c in asm.quality.clocks] == [0]
-    summary = summarize(attribute(asm), asm).to_dict()
+    summary = summarize(attribute(asm), request_values(asm, attribute(asm))).to_dict()
     assert "clocks" not in summary  # nothing to report: the clocks agree
 
 
@@ -92,7 +93,7 @@ def test_attribution_of_a_shifted_trace_equals_the_unshifted_one(synth, delta_ns
 def test_summary_and_terminal_report_the_offset(synth):
     moved = shifted(synth, -250 * MS)
     asm = assemble(moved)
-    summary = summarize(attribute(asm), asm).to_dict()
+    summary = summarize(attribute(asm), request_values(asm, attribute(asm))).to_dict()
     assert list(summary)[-3:] == ["quality", "clocks", "load"]
     assert summary["clocks"] == [
         {
@@ -237,7 +238,8 @@ def test_a_minority_outside_on_one_host_changes_nothing():
     tab = table(requests_with(delays, 0))
     (offset,) = estimate_offsets(tab)
     assert (offset.offset_ns, offset.violations_before, offset.violations_after) == (0, 5, 5)
-    summary = summarize(attribute(assemble(tab)), assemble(tab)).to_dict()
+    asm = assemble(tab)
+    summary = summarize(attribute(asm), request_values(asm, attribute(asm))).to_dict()
     assert summary["clocks"][0]["violations_after"] == 5  # reported: something is off
     assert "clocks: host:b → client not adjusted" in rendered(summary)
 

@@ -33,6 +33,7 @@ from typer.testing import CliRunner
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
+from ttft.analysis.request_values import request_values
 from ttft.analysis.summary import summarize
 from ttft.collectors import TraceFileError, read_spans, write_trace
 from ttft.collectors.synthetic import generate
@@ -440,7 +441,8 @@ def check(rows: list[dict], done: dict) -> None:
             assert got - want["unsure"] == want["windows"][boundary] - want["unsure"], boundary
             again = attribute(shuffled, boundary, policy)
             assert _by_request(again) == _by_request(attr), (boundary, policy)
-        summary = summarize(attr, asm).to_dict()  # the last policy's; clocks: the trace's
+        # the last policy's; clocks: the trace's
+        summary = summarize(attr, request_values(asm, attr)).to_dict()
         json.dumps(summary)  # what --json prints serializes
         assert summary["requests"] == len(got)
         assert summary["quality"] == attr.quality.counts
@@ -678,7 +680,7 @@ def test_a_huge_skew_is_reported_and_never_moves_times_out_of_int64():
     assert pair.requests == 12 and pair.violations_before == 12
     assert not pair.applied  # the remedy would leave int64: reported, not applied
     attr = attribute(asm, "client")
-    assert "clocks" in summarize(attr, asm).to_dict()
+    assert "clocks" in summarize(attr, request_values(asm, attr)).to_dict()
     assert (attr.attributed.to_numpy().sum(axis=1) == attr.requests["ttft_ns"]).all()
 
 

@@ -9,10 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from _build import event, row, table, tid
-from test_partial import in_partitions, split
+from test_part import in_partitions, split
 
 from ttft.analysis import analyze, assemble, attribute, summarize
 from ttft.analysis.load import goodput, load, load_values, request_table
+from ttft.analysis.request_values import request_values
 
 MS = 1_000_000
 T0 = 1_700_000_000_000_000_000
@@ -82,7 +83,8 @@ def test_per_request_tpot_and_itl_line_up_with_the_attributed_requests(analysed)
     ({"ttft": 1}, 0),
 ])
 def test_goodput_counts_requests_meeting_every_slo_over_all_requests(analysed, slo, meeting):
-    good = summarize(analysed.attribution, analysed.assembly, slo=slo).goodput
+    attr = analysed.attribution
+    good = summarize(attr, request_values(analysed.assembly, attr), slo=slo).goodput
     stages = good.pop("ttft_stages", None)  # analysis.slo's part, tested in test_slo.py
     assert (stages is not None) == ("ttft" in slo)
     if stages is not None:
@@ -93,7 +95,8 @@ def test_goodput_counts_requests_meeting_every_slo_over_all_requests(analysed, s
 
 def test_summarize_with_slo_puts_goodput_last(analysed):
     asm, attr = analysed.assembly, analysed.attribution
-    summary = summarize(attr, asm, slo={"e2e": 2000, "ttft": 500}).to_dict()
+    summary = summarize(attr, request_values(asm, attr),
+                        slo={"e2e": 2000, "ttft": 500}).to_dict()
     assert list(summary)[-2:] == ["load", "goodput"]
     assert summary["goodput"].pop("ttft_stages")["slo_ms"] == 500
     assert summary["goodput"] == {"slo": {"ttft_ms": 500.0, "e2e_ms": 2000.0},
@@ -117,7 +120,7 @@ def test_an_engine_only_trace_has_no_load_but_a_goodput_share():
     asm = assemble(table(rows))
     attr = attribute(asm)
     assert attr.boundary == "engine"
-    summary = summarize(attr, asm, slo={"ttft": 10})
+    summary = summarize(attr, request_values(asm, attr), slo={"ttft": 10})
     assert summary.load is None and "load" not in summary.to_dict()
     stages = summary.goodput.pop("ttft_stages")
     assert (stages["missing"], stages["smallest_set"]) == (1, None)  # the one stage is it
@@ -159,17 +162,19 @@ def test_a_dataset_in_partitions_gives_one_process_load_and_goodput():
     single = analyze(whole, slo=slo)
     for partitions in (2, 5):
         dataset = split(whole, partitions)
-        parts_summary = in_partitions(dataset, None, "exclusive")[1]
+        parts_summary = in_partitions(dataset, None, "exclusive").summary
         assert parts_summary.load == single.summary.load
-        _, merged = merge_with_slo(dataset, slo)
+        merged = merge_with_slo(dataset, slo).summary
         assert merged.goodput == single.summary.goodput
         assert merged.to_dict() == single.summary.to_dict() | {"trace": merged.trace}
 
 
 def merge_with_slo(dataset, slo):
     from ttft.analysis.clocks import offsets_from_bounds
-    from ttft.analysis.partial import analyze_part, merge_parts, part_bounds
+    from ttft.analysis.part import analyze_part, merge, survey
 
-    offsets = offsets_from_bounds([part_bounds(t) for t, _ in dataset])
-    parts = [analyze_part(t, own, offsets, "client", "exclusive") for t, own in dataset]
-    return merge_parts(parts, offsets, slo=slo)
+    surveys = [survey(t) for t in dataset]
+    offsets = offsets_from_bounds([s.bounds for s in surveys])
+    parts = [analyze_part(t, offsets=offsets, boundary="client", policy="exclusive")
+             for t in dataset]
+    return merge(parts, offsets=offsets, metadata=surveys[0].metadata, slo=slo)

@@ -8,6 +8,7 @@ from _build import event, row, table
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
+from ttft.analysis.request_values import request_values
 from ttft.analysis.summary import BANDS, percentile_bands, stage_table, summarize
 from ttft.collectors.synthetic import generate
 
@@ -48,7 +49,8 @@ def summary():
         + request(3, 18, 64, [20, 21, 22])  # prefix hit
     )
     asm = assemble(table(rows))
-    return summarize(attribute(asm, "client", "exclusive"), asm, trace="t.parquet").to_dict()
+    return summarize(attr := attribute(asm, "client", "exclusive"), request_values(asm, attr),
+                     trace="t.parquet").to_dict()
 
 
 def test_overall_stage_figures(summary):
@@ -148,7 +150,8 @@ def test_tpot_uses_usage_tokens_and_second_and_reasoning_tokens_are_timed():
     rows[0] = row(1, 101, "client", 10_000 * ms, 10_100 * ms, completion_tokens=5, **CLIENT)
     rows.append(event(1, 150, "first_reasoning", 10_000 * ms + ms, **CLIENT))
     asm = assemble(table(rows))
-    out = summarize(attribute(asm, "client", "exclusive"), asm).to_dict()
+    attr = attribute(asm, "client", "exclusive")
+    out = summarize(attr, request_values(asm, attr)).to_dict()
     # request 1: 4 ms from first to last chunk over 5 - 1 tokens; request 2: 1 ms, 2 chunks
     assert (out["tpot_ms"]["p50"], out["tpot_ms"]["requests"]) == (pytest.approx(1.0), 2)
     assert out["itl_ms"]["mean"] == pytest.approx((2 + 1) / 2)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from _disagg import disaggregate
-from test_partial import in_partitions, one_process, split
+from test_part import in_partitions, one_process, split
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
@@ -109,7 +109,7 @@ def test_partitions_estimate_the_worker_as_the_whole_does(partitions):
     skewed = moved(moved(disagg(), 40 * MS, (SERVER, WORKER, GPU)), 6 * MS, (WORKER, GPU))
     dataset = split(skewed, partitions)
     for boundary, policy in (("client", "exclusive"), ("server", "critical-path")):
-        _, merged = in_partitions(dataset, boundary, policy)
+        merged = in_partitions(dataset, boundary, policy).summary
         single = one_process(skewed, boundary, policy).summary.to_dict()
         assert merged.to_dict() == single
         applied = {c["server_clock"]: c for c in single["clocks"] if c["applied"]}
@@ -162,18 +162,19 @@ def test_a_worker_clock_some_requests_serve_on_is_judged_on_all_requests():
     applied = {c["server_clock"]: c for c in single["clocks"] if c["applied"]}
     assert abs(applied[WORKER]["offset_ms"] + 6) < 0.3 and applied[WORKER]["requests"] == 200
     for partitions in (2, 5):
-        _, merged = in_partitions(split(tab, partitions), "client", "exclusive")
+        merged = in_partitions(split(tab, partitions), "client", "exclusive").summary
         assert merged.to_dict() == single
 
 
 def test_the_terminal_says_how_far_a_worker_moves_in_all():
     from test_clocks import rendered
 
+    from ttft.analysis.request_values import request_values
     from ttft.analysis.summary import summarize
 
     skewed = moved(moved(disagg(), 40 * MS, (SERVER, WORKER, GPU)), 6 * MS, (WORKER, GPU))
     asm = assemble(skewed)
-    text = rendered(summarize(attribute(asm), asm).to_dict())
+    text = rendered(summarize(attribute(asm), request_values(asm, attribute(asm))).to_dict())
     assert f"clocks: {SERVER} → client offset -40.000 ms" in text
     own = pair(asm.quality.clocks, WORKER).offset_ns / MS
     assert f"clocks: {WORKER} → {SERVER} offset {own:+,.3f} ms" in text

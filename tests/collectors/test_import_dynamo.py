@@ -165,10 +165,9 @@ def test_a_partitioned_import_counts_its_estimates_once(tmp_path):
     only, so the merged data quality equals one process's (it once counted them in every
     partition)."""
     from ttft.analysis.clocks import offsets_from_bounds
-    from ttft.analysis.partial import analyze_part, merge_parts, part_bounds
+    from ttft.analysis.part import analyze_part, merge, survey
     from ttft.analysis.partition import partition_rows
-    from ttft.collectors import read_partition, write_dataset
-    from ttft.collectors.importers.mapping import default_mapping
+    from ttft.collectors import write_dataset
 
     path = tmp_path / "many.jsonl"
     write(path, [request_end(f"req-{i}") for i in range(20)])
@@ -177,11 +176,11 @@ def test_a_partitioned_import_counts_its_estimates_once(tmp_path):
     assert single.quality["estimated_span"] == 20
     p = partition_rows(table, 4)
     write_dataset(tmp_path / "ds", table, p.owner, p.copy_rows, p.copy_partitions, 4, p.key)
-    rules = default_mapping()
-    parts = [read_partition(tmp_path / "ds", k) for k in range(4)]
-    parts = [(rules.apply(t), own) for t, own in parts]
-    offsets = offsets_from_bounds([part_bounds(t) for t, _ in parts])
-    analysed = [analyze_part(t, own, offsets, single.boundary, "exclusive") for t, own in parts]
-    _, merged = merge_parts(analysed, offsets)
+    parts = [read_spans(tmp_path / "ds", partition=k) for k in range(4)]
+    surveys = [survey(t) for t in parts]
+    offsets = offsets_from_bounds([s.bounds for s in surveys])
+    analysed = [analyze_part(t, offsets=offsets, boundary=single.boundary, policy="exclusive")
+                for t in parts]
+    merged = merge(analysed, offsets=offsets, metadata=surveys[0].metadata).summary
     assert merged.quality["estimated_span"] == 20
     assert merged.quality == single.quality

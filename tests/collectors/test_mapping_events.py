@@ -12,6 +12,7 @@ import pytest
 from _otlp_json import T0, Span, analysed, parts_ms, write
 from typer.testing import CliRunner
 
+from ttft.analysis.part import reattributed
 from ttft.analysis.pipeline import analyze
 from ttft.collectors import read_spans, synthetic
 from ttft.collectors.importers import _mapping_apply, _mapping_events
@@ -193,7 +194,7 @@ def test_journey_events_give_queue_prefill_preempted_and_the_first_token(tmp_pat
     assert sum(plain.values()) == ttft == 300
     # The engine boundary: ARRIVED (the first tokenize) to FIRST_TOKEN (first_sampled);
     # the hand-off to the engine core (HANDOFF_TO_CORE -> QUEUED) is no stage's.
-    engine = analysis.at("engine")
+    engine = reattributed(analysis, "engine")
     got, ttft = parts_ms(engine, 0)
     assert got == {"tokenize": 7, "unattributed": 3, "queue": 45, "prefill": 140,
                    "preempted": 80}

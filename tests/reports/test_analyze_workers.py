@@ -79,20 +79,17 @@ def test_a_running_scheduler_gives_the_one_process_summary_and_parts(data, sched
                                                                      policy):
     _, dataset = data
     options = ["--boundary", boundary, "--policy", policy]
-    parts = tmp_path / "parts"
+    parts = tmp_path / "parts.parquet"
     distributed = ok("analyze", dataset, "--json", *options, "--scheduler", scheduler,
                      "--per-request", parts)
     single_file = tmp_path / "single.parquet"
     single = ok("analyze", dataset, "--json", *options, "--per-request", single_file)
     assert distributed == single
     assert json.loads(single)["boundary"] == boundary
-    files = sorted(p.name for p in parts.iterdir())
-    assert files == sorted(f"part={k}.parquet" for k in range(PARTITIONS))
-    frames = [pq.read_table(parts / name).to_pandas() for name in files]
-    assert all(len(frame) for frame in frames)
-    union = pd.concat(frames, ignore_index=True)
-    pd.testing.assert_frame_equal(sorted_rows(union),
-                                  sorted_rows(pq.read_table(single_file).to_pandas()))
+    # one file either way, with the same rows in the same order
+    got, want = (pq.read_table(p).to_pandas() for p in (parts, single_file))
+    assert len(got) > 1500
+    pd.testing.assert_frame_equal(got, want)
 
 
 def test_slos_on_a_scheduler_give_the_one_process_goodput_and_stage_rescue(data, scheduler):
@@ -114,8 +111,58 @@ def test_workers_on_a_plain_trace_is_refused_in_one_line(data):
     assert result.stdout == ""
 
 
-def test_regime_with_workers_is_refused(data):
+MAPPING = '[[rule]]\nstage = "queue"\nname = "no_such_span"\n'
+MODEL = {"n_layer": 4, "d_model": 512, "n_head": 8, "n_kv_head": 4, "d_ff": 1536,
+         "vocab_size": 32000, "dtype": "bfloat16"}
+NOT_ANALYSIS = {"workers", "scheduler", "as_json", "out", "resamples", "seed", "floor_ms",
+                "floor_pct", "all_rows", "max_regression"}
+"""Options that choose where the analysis runs or how its result is shown, not what it is."""
+
+
+def runs(tmp_path) -> dict[str, list[list]]:
+    """Per command, the option lists run both ways: together they name every option of
+    the command that changes its analysis."""
+    mapping, model = tmp_path / "rules.toml", tmp_path / "model.json"
+    mapping.write_text(MAPPING)
+    model.write_text(json.dumps(MODEL))
+    common = ["--boundary", "server", "--policy", "shared", "--format", "ttft",
+              "--mapping", mapping, "--slo", "ttft=300ms,e2e=900ms"]
+    regime = ["--regime", "--model-config", model, "--peak-tflops", 100,
+              "--peak-bandwidth-gbs", 2000]
+    return {
+        "analyze": [[*common, *regime, "--json", "--per-request", tmp_path / "PER.parquet"],
+                    [*regime]],
+        "report": [[*common, "--model-config", model, "--peak-tflops", 100,
+                    "--peak-bandwidth-gbs", 2000]],
+        "compare": [[*common, "--json", "--resamples", 50]],
+    }
+
+
+def test_every_option_of_every_command_gives_one_answer_both_ways(data, scheduler, tmp_path):
+    """A feature cannot exist on one side only: each command's every option that changes
+    the analysis is run in one process and on the cluster, with one answer."""
+    import typer.main
+
+    from ttft.reports.cli import app
+
     _, dataset = data
-    result = ttft("analyze", dataset, "--regime", "--workers", 2)
-    assert result.returncode == 2
-    assert "--regime" in result.stderr and "Traceback" not in result.stderr
+    commands = {c.name or c.callback.__name__: c for c in app.registered_commands}
+    for command, option_lists in runs(tmp_path).items():
+        params = typer.main.get_command(app).commands[command].params
+        named = {p.name for p in params if p.param_type_name == "option"} - NOT_ANALYSIS
+        used = {p.name for p in params for args in option_lists for arg in args
+                if isinstance(arg, str) and arg in p.opts}
+        assert named <= used, f"{command}: options never run both ways: {named - used}"
+        assert command in commands
+        traces = [dataset, dataset] if command == "compare" else [dataset]
+        for args in option_lists:
+            here = [a if not str(a).endswith("PER.parquet") else tmp_path / "one.parquet"
+                    for a in args]
+            there = [a if not str(a).endswith("PER.parquet") else tmp_path / "two.parquet"
+                     for a in args]
+            want = ok(command, *traces, *here)
+            got = ok(command, *traces, *there, "--scheduler", scheduler)
+            assert got == want, (command, args)
+            assert want.strip()
+    assert (pq.read_table(tmp_path / "one.parquet").equals(
+        pq.read_table(tmp_path / "two.parquet")))

@@ -2,7 +2,7 @@
 HTML and terminal texts and the comparison tables made on a Dask cluster equal exactly what
 one process makes of the same spans (issue 17).
 
-The driver (``reports.runs.distributed``) runs on one in-process cluster shared by the
+The driver (``reports.runs.analyses``) runs on one in-process cluster shared by the
 module; the command lines run as subprocesses, one ``--workers 2`` each for ``report`` and
 ``compare`` (a ``LocalCluster`` of worker processes cannot start inside a CliRunner call),
 the others on that cluster's scheduler."""
@@ -104,10 +104,15 @@ def one_process(path) -> ReportData:
     return build_report(analyze(read_spans(path), trace=str(path)))
 
 
-def in_partitions(path, client) -> ReportData:
-    from ttft.reports.runs.distributed import report_dataset
+def on_dask(path, client, **options) -> ReportData:
+    from ttft.collectors import TraceLocation
+    from ttft.reports.runs.analyses import OnDask, report_location
 
-    return report_dataset(path, client=client).data
+    return report_location(TraceLocation(str(path)), OnDask(client), **options)
+
+
+def in_partitions(path, client) -> ReportData:
+    return on_dask(path, client)
 
 
 def assert_same_report(got: ReportData, want: ReportData) -> None:
@@ -162,10 +167,8 @@ def untimed(html: str) -> str:
                                                   ("engine", "critical-path")])
 def test_report_data_at_another_boundary_and_policy_equals_one_process(datasets, client,
                                                                       boundary, policy):
-    from ttft.reports.runs.distributed import report_dataset
-
     path = datasets["two_hosts", 5]
-    got = report_dataset(path, boundary=boundary, policy=policy, client=client).data
+    got = on_dask(path, client, boundary=boundary, policy=policy)
     want = build_report(analyze(read_spans(path), boundary=boundary, policy=policy,
                                 trace=str(path)))
     assert (got.attribution.boundary, got.attribution.policy) == (boundary, policy)
@@ -189,11 +192,12 @@ def test_html_and_terminal_texts_of_partitions_equal_one_process(datasets, clien
 
 @pytest.mark.parametrize("partitions", [1, 5])
 def test_compare_of_partitions_equals_one_process(datasets, client, partitions):
-    from ttft.reports.runs.distributed import compare_datasets
+    from ttft.collectors import TraceLocation
+    from ttft.reports.runs.analyses import OnDask, compare_locations
 
     a, b = datasets["one_host", partitions], datasets["other", 2]
-    address = client.scheduler.address
-    got = [r.attribution for r in compare_datasets([a, b], scheduler=address)]
+    got = [r.attribution for r in compare_locations(
+        [TraceLocation(str(a)), TraceLocation(str(b))], OnDask(client))]
     want = [analyze(read_spans(path)).attribution for path in (a, b)]
     table = compare(*got, resamples=200, seed=3)
     # two seeds of one workload: no row is a change (Holm), but the p-values are real

@@ -1,8 +1,9 @@
-"""A dataset analysed partition by partition (``analysis.partial``) equals one process
-exactly: the merged summary, clocks, failures, quality and per-request parts, for every
-boundary and policy and several partition counts, and the report's blame, prefill points
-and regime rows (``analysis.partial_report``); and ``partition_rows`` keeps every request
-whole with the step traces it joins (issue 17)."""
+"""A dataset analysed partition by partition (``analysis.part``: each partition's
+``analyze_part``, then one ``merge``) equals one process exactly: the merged summary,
+clocks, failures, quality, boundaries and per-request parts, for every boundary and policy
+and several partition counts, and the report's blame, prefill points and regime rows
+(``ReportInputs``, merged into ``Analysis.report``); and ``partition_rows`` keeps every
+request whole with the step traces it joins (issue 17)."""
 
 from __future__ import annotations
 
@@ -21,25 +22,24 @@ from test_clocks import shifted
 from ttft.analysis import analyze
 from ttft.analysis.blame import blame, blame_summary
 from ttft.analysis.clocks import offsets_from_bounds
-from ttft.analysis.partial import (
+from ttft.analysis.part import (
+    ReportInputs,
     analyze_part,
-    assemble_part,
+    assemble_table,
     default_boundary,
-    merge_parts,
-    part_bounds,
-)
-from ttft.analysis.partial_report import (
     global_steps,
-    merge_report_parts,
-    report_part,
-    survey_part,
+    merge,
+    own_rows,
+    survey,
 )
 from ttft.analysis.partition import partition_rows
 from ttft.analysis.prefill import prefill_points
-from ttft.analysis.regime import ModelShape, find_peaks, regime
+from ttft.analysis.regime import ModelShape, RegimeSetup, find_peaks, regime
+from ttft.analysis.result import Analysis
+from ttft.collectors import read_spans
 from ttft.collectors.dataset import read_partition, write_dataset
 from ttft.collectors.synthetic import generate
-from ttft.tracer.schema import POLICIES
+from ttft.tracer.schema import OWN_ROWS_KEY, POLICIES
 
 TRACE = "dataset"
 BOUNDARIES = (None, "client", "server", "engine")
@@ -48,40 +48,53 @@ SHIFT_NS = 3_700_000_000
 SOME = ((None, "exclusive"), ("server", "shared"), ("engine", "critical-path"))
 """A few (boundary, policy) pairs, for what the boundary and policy barely touch."""
 
-Dataset = list[tuple[pa.Table, int]]
-"""Each partition as ``read_partition`` gives it: own rows, then borrowed, and the own count."""
+Dataset = list[pa.Table]
+"""Each partition as ``read_spans(path, partition=k)`` gives it: own rows, then borrowed,
+the own count under ``OWN_ROWS_KEY`` in its schema metadata (``analysis.part.own_rows``)."""
 
 
 def split(table: pa.Table, partitions: int) -> Dataset:
-    """``table`` partitioned in memory, each partition's own rows first."""
+    """``table`` partitioned in memory, each partition's own rows first and their count in
+    its metadata."""
     p = partition_rows(table, partitions)
     out = []
     for k in range(partitions):
         own = table.take(np.flatnonzero(p.owner == k))
         borrowed = table.take(p.copy_rows[p.copy_partitions == k])
-        out.append((pa.concat_tables([own, borrowed]), own.num_rows))
+        t = pa.concat_tables([own, borrowed])
+        out.append(t.replace_schema_metadata(
+            {**(t.schema.metadata or {}), OWN_ROWS_KEY: str(own.num_rows).encode()}))
     return out
 
 
-def own_rows(dataset: Dataset) -> pa.Table:
-    """Every row the dataset holds once (the own rows, in partition order)."""
-    return pa.concat_tables([t.slice(0, own) for t, own in dataset])
+def as_trace(table: pa.Table) -> pa.Table:
+    """``table`` without ``OWN_ROWS_KEY``: every row its own, as the whole trace."""
+    metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != OWN_ROWS_KEY}
+    return table.replace_schema_metadata(metadata or None)
 
 
-def in_partitions(dataset: Dataset, boundary, policy, offsets=None):
-    """The driver's protocol (``reports.runs.distributed``) without Dask: global clock
-    bounds, one analysis per partition, the dataset's default boundary, the merge."""
+def owned(dataset: Dataset) -> pa.Table:
+    """Every row the dataset holds once (the own rows, in partition order), as one trace."""
+    return as_trace(pa.concat_tables([t.slice(0, own_rows(t)) for t in dataset]))
+
+
+def in_partitions(dataset: Dataset, boundary, policy, offsets=None) -> Analysis:
+    """The driver's protocol (``reports.runs.analyses``) without Dask: each partition's
+    survey, the clock offsets over all of them, one part per partition, the dataset's
+    default boundary (a part at another one analysed again), the merge."""
+    surveys = [survey(t) for t in dataset]
     if offsets is None:
-        offsets = offsets_from_bounds([part_bounds(t) for t, _ in dataset])
-    parts = [analyze_part(t, own, offsets, boundary, policy) for t, own in dataset]
+        offsets = offsets_from_bounds([s.bounds for s in surveys])
+    parts = [analyze_part(t, offsets=offsets, boundary=boundary, policy=policy)
+             for t in dataset]
     chosen = boundary or default_boundary(parts)
     parts = [part if part.attribution.boundary == chosen
-             else analyze_part(t, own, offsets, chosen, policy)
-             for part, (t, own) in zip(parts, dataset, strict=True)]
-    return merge_parts(parts, offsets, trace=TRACE)
+             else analyze_part(t, offsets=offsets, boundary=chosen, policy=policy)
+             for part, t in zip(parts, dataset, strict=True)]
+    return merge(parts, offsets=offsets, metadata=surveys[0].metadata, trace=TRACE)
 
 
-def one_process(table: pa.Table, boundary, policy):
+def one_process(table: pa.Table, boundary, policy) -> Analysis:
     return analyze(table, boundary=boundary, policy=policy, trace=TRACE)
 
 
@@ -111,12 +124,17 @@ def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
 @pytest.mark.parametrize("partitions", PARTITIONS)
 def test_merged_summary_equals_one_process_exactly(partitions, boundary):
     dataset = synthetic_split(partitions)
-    assert own_rows(dataset).num_rows == synthetic().num_rows
+    assert owned(dataset).num_rows == synthetic().num_rows
     for policy in POLICIES:
-        _, merged = in_partitions(dataset, boundary, policy)
-        of_dataset = one_process(own_rows(dataset), boundary, policy).summary.to_dict()
-        assert merged.to_dict() == of_dataset, (partitions, boundary, policy)
-        assert merged.to_dict() == single_summary(boundary, policy), (partitions, policy)
+        merged = in_partitions(dataset, boundary, policy)
+        of_dataset = one_process(owned(dataset), boundary, policy)
+        assert merged.summary.to_dict() == of_dataset.summary.to_dict(), (
+            partitions, boundary, policy)
+        assert merged.summary.to_dict() == single_summary(boundary, policy), (
+            partitions, policy)
+        assert merged.boundaries == of_dataset.boundaries
+        assert merged.metadata == of_dataset.metadata
+        assert merged.assembly is None and merged.report is None
 
 
 @pytest.mark.parametrize("partitions", [2, 5, 13])
@@ -125,7 +143,7 @@ def test_a_disaggregated_datasets_kv_transfer_summary_merges_exactly(partitions)
     ``kv_transfer`` included, is the one-process summary."""
     table = disaggregate(synthetic())
     for boundary, policy in SOME:
-        _, merged = in_partitions(split(table, partitions), boundary, policy)
+        merged = in_partitions(split(table, partitions), boundary, policy).summary
         single = one_process(table, boundary, policy).summary.to_dict()
         assert merged.to_dict()["kv_transfer"]["requests"] == 300
         assert merged.to_dict() == single, (partitions, boundary, policy)
@@ -136,7 +154,7 @@ def test_merged_per_request_parts_equal_one_process(partitions):
     dataset = synthetic_split(partitions)
     for boundary in BOUNDARIES:
         for policy in POLICIES:
-            merged, _ = in_partitions(dataset, boundary, policy)
+            merged = in_partitions(dataset, boundary, policy).attribution
             single = one_process(synthetic(), boundary, policy).attribution
             assert merged.boundary == single.boundary
             pd.testing.assert_frame_equal(sorted_rows(merged.per_request()),
@@ -147,11 +165,13 @@ def test_a_dataset_written_and_read_back_merges_to_the_same_summary(tmp_path):
     table = synthetic()
     p = partition_rows(table, 5)
     write_dataset(tmp_path / "ds", table, p.owner, p.copy_rows, p.copy_partitions, 5, p.key)
-    dataset = [read_partition(tmp_path / "ds", k) for k in range(5)]
-    assert sum(own for _, own in dataset) == table.num_rows
-    assert sum(t.num_rows - own for t, own in dataset) == p.copy_rows.size > 0
+    dataset = [read_spans(tmp_path / "ds", partition=k) for k in range(5)]
+    assert [own_rows(t) for t in dataset] == [
+        read_partition(tmp_path / "ds", k)[1] for k in range(5)]
+    assert sum(own_rows(t) for t in dataset) == table.num_rows
+    assert sum(t.num_rows - own_rows(t) for t in dataset) == p.copy_rows.size > 0
     for boundary, policy in ((None, "exclusive"), ("server", "critical-path")):
-        _, merged = in_partitions(dataset, boundary, policy)
+        merged = in_partitions(dataset, boundary, policy).summary
         assert merged.to_dict() == single_summary(boundary, policy)
 
 
@@ -168,7 +188,7 @@ def multi_host() -> pa.Table:
 def test_a_clock_offset_is_estimated_over_all_partitions(partitions, boundary):
     dataset = split(multi_host(), partitions)
     for policy in POLICIES:
-        _, merged = in_partitions(dataset, boundary, policy)
+        merged = in_partitions(dataset, boundary, policy).summary
         single = one_process(multi_host(), boundary, policy).summary.to_dict()
         assert merged.to_dict() == single, (partitions, boundary, policy)
         applied = [c for c in merged.to_dict()["clocks"] if c["applied"]]
@@ -178,14 +198,15 @@ def test_a_clock_offset_is_estimated_over_all_partitions(partitions, boundary):
 
 def test_partitions_alone_could_not_estimate_the_offset():
     dataset = split(multi_host(), 13)
-    global_offsets = offsets_from_bounds([part_bounds(t) for t, _ in dataset])
+    global_offsets = offsets_from_bounds([survey(t).bounds for t in dataset])
     assert [c.applied for c in global_offsets] == [True]
-    alone = [offsets_from_bounds([part_bounds(t)]) for t, _ in dataset]
+    alone = [offsets_from_bounds([survey(t).bounds]) for t in dataset]
     assert any(not any(c.applied for c in offsets) for offsets in alone)
     # analysing each partition with its own offsets gives another answer
-    parts = [analyze_part(t, own, offsets, "client", "exclusive")
-             for (t, own), offsets in zip(dataset, alone, strict=True)]
-    _, local = merge_parts(parts, global_offsets, trace=TRACE)
+    parts = [analyze_part(t, offsets=offsets, boundary="client", policy="exclusive")
+             for t, offsets in zip(dataset, alone, strict=True)]
+    local = merge(parts, offsets=global_offsets, metadata=survey(dataset[0]).metadata,
+                  trace=TRACE).summary
     single = one_process(multi_host(), "client", "exclusive").summary.to_dict()
     assert local.to_dict() != single
 
@@ -217,7 +238,7 @@ def test_failures_spread_over_partitions_merge_to_one_process(partitions):
     failed = table.column("attributes").to_numpy(zero_copy_only=False) != "{}"
     assert len(np.unique(owners[failed])) == partitions
     for boundary, policy in SOME:
-        _, merged = in_partitions(dataset, boundary, policy)
+        merged = in_partitions(dataset, boundary, policy).summary
         single = one_process(table, boundary, policy).summary.to_dict()
         m = merged.to_dict()
         assert sum(single["failures"].values()) == 75
@@ -253,7 +274,8 @@ def test_a_defect_in_a_borrowed_row_is_counted_once(partitions):
         assert row in set(p.copy_rows.tolist()), row
     dataset = split(table, partitions)
     for boundary, policy in SOME:
-        merged_attr, merged = in_partitions(dataset, boundary, policy)
+        analysis = in_partitions(dataset, boundary, policy)
+        merged_attr, merged = analysis.attribution, analysis.summary
         single = one_process(table, boundary, policy)
         quality = single.summary.to_dict()["quality"]
         assert quality["end_before_start"] == 1 and quality["missing_field"] == 1
@@ -265,7 +287,7 @@ def test_a_defect_in_a_borrowed_row_is_counted_once(partitions):
 def test_the_examples_of_a_defect_name_the_same_spans():
     """The examples the HTML report shows beside each defect are the one process's."""
     table, _ = defective_borrowed_rows(synthetic(), 5)
-    merged, _ = in_partitions(split(table, 5), None, "exclusive")
+    merged = in_partitions(split(table, 5), None, "exclusive").attribution
     single = one_process(table, None, "exclusive").attribution
     assert merged.quality.examples == single.quality.examples
 
@@ -331,25 +353,35 @@ def test_every_row_of_a_dataset_is_owned_once_across_partitions():
     dataset = synthetic_split(13)
     key = ["trace_id", "span_id", "name", "start_ns"]
     original = table.to_pandas().sort_values(key).reset_index(drop=True)
-    back = own_rows(dataset).to_pandas().sort_values(key).reset_index(drop=True)
+    back = owned(dataset).to_pandas().sort_values(key).reset_index(drop=True)
     pd.testing.assert_frame_equal(original, back)
 
 
-# --- what the report needs beyond the summary (``analysis.partial_report``) ---------------
+# --- what the report needs beyond the summary (``analysis.part.ReportInputs``) ----------
 
 MODEL = {"n_layer": 4, "d_model": 512, "n_head": 8, "n_kv_head": 4, "d_ff": 1536,
          "vocab_size": 32000, "dtype": "bfloat16"}
 
 
 def report_in_partitions(dataset: Dataset, shape=None, peaks=None):
-    """The report's protocol (``reports.runs.distributed.report_dataset``) without Dask:
-    surveys, global offsets and steps, one report part per partition, stacked."""
-    surveys = [survey_part(t, own) for t, own in dataset]
+    """The report's protocol (``reports.runs.analyses.report_location``) without Dask:
+    surveys, global offsets and steps, one part with the report's rows per partition (at
+    the dataset's default boundary), merged: ``(surveys, steps, merged Analysis)``."""
+    surveys = [survey(t) for t in dataset]
     offsets = offsets_from_bounds([s.bounds for s in surveys])
     steps = global_steps(surveys, offsets)
-    parts = [report_part(t, own, offsets, None, "exclusive", steps, shape, peaks)
-             for t, own in dataset]
-    return surveys, steps, merge_report_parts(parts)
+    setup = None if shape is None else RegimeSetup(shape, peaks, None)
+    report = ReportInputs(steps, setup)
+    parts = [analyze_part(t, offsets=offsets, boundary=None, policy="exclusive",
+                          report=report) for t in dataset]
+    chosen = default_boundary(parts)
+    parts = [part if part.attribution.boundary == chosen
+             else analyze_part(t, offsets=offsets, boundary=chosen, policy="exclusive",
+                               report=report)
+             for part, t in zip(parts, dataset, strict=True)]
+    merged = merge(parts, offsets=offsets, metadata=surveys[0].metadata, trace=TRACE,
+                   regime=setup)
+    return surveys, steps, merged
 
 
 def by_request(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
@@ -360,8 +392,11 @@ def by_request(frame: pd.DataFrame, *columns: str) -> pd.DataFrame:
 @pytest.mark.parametrize("trace", ["one host", "two hosts"])
 def test_blame_and_prefill_points_of_partitions_equal_one_process(partitions, trace):
     table = synthetic() if trace == "one host" else multi_host()
-    surveys, steps, (blamed, points, chunks) = report_in_partitions(split(table, partitions))
-    asm = one_process(table, None, "exclusive").assembly
+    surveys, steps, merged = report_in_partitions(split(table, partitions))
+    blamed, points, chunks = (merged.report.blame, merged.report.prefill_points,
+                              merged.report.regime)
+    one = analyze(table, policy="exclusive", trace=TRACE, regime={})
+    asm = one.assembly
     assert steps.num_rows == len(asm.rows.of("step")) > 0
     assert len(surveys) == partitions and chunks is None
     single = blame(asm)
@@ -369,13 +404,18 @@ def test_blame_and_prefill_points_of_partitions_equal_one_process(partitions, tr
     pd.testing.assert_frame_equal(by_request(blamed, "wait"), by_request(single, "wait"))
     pd.testing.assert_frame_equal(blame_summary(blamed), blame_summary(single))
     pd.testing.assert_frame_equal(by_request(points), by_request(prefill_points(asm)))
+    # the one process's own report rows (``analyze(table, regime={})``) are the same
+    pd.testing.assert_frame_equal(by_request(blamed, "wait"),
+                                  by_request(one.report.blame, "wait"))
+    pd.testing.assert_frame_equal(by_request(points), by_request(one.report.prefill_points))
+    assert merged.summary.to_dict() == one.summary.to_dict()
 
 
 def test_partitions_blamed_against_their_own_steps_alone_would_differ():
     dataset = split(synthetic(), 13)
-    _, _, (blamed, _, _) = report_in_partitions(dataset)
-    alone = pd.concat([blame(assemble_part(t, own, offsets_from_bounds([part_bounds(t)])))
-                       for t, own in dataset], ignore_index=True)
+    blamed = report_in_partitions(dataset)[2].report.blame
+    alone = pd.concat([blame(assemble_table(t, offsets_from_bounds([survey(t).bounds])))
+                       for t in dataset], ignore_index=True)
     assert not by_request(alone, "wait").equals(by_request(blamed, "wait"))
 
 
@@ -393,7 +433,9 @@ def test_regime_rows_of_partitions_equal_one_process(partitions):
     shape = ModelShape.from_dict(MODEL)
     peaks = find_peaks({"device": {"name": "H100 SXM"}})
     asm = one_process(synthetic(), None, "exclusive").assembly
-    _, _, (_, _, chunks) = report_in_partitions(split(synthetic(), partitions), shape, peaks)
+    merged = report_in_partitions(split(synthetic(), partitions), shape, peaks)[2]
+    chunks = merged.report.regime
+    assert merged.regime == RegimeSetup(shape, peaks, None)
     single = regime(asm, shape, peaks)
     assert len(single) == len(asm.rows.of("prefill.chunk")) > 0
     order = ["context_before", "chunk_tokens", "dur_ns"]
@@ -449,7 +491,7 @@ def test_a_gpu_span_without_a_host_clock_in_its_trace_moves_with_its_chunk(parti
     assert [c["server_clock"] for c in applied] == ["host:a"]
     gpu = single.attribution.attributed["gpu"].to_numpy()
     assert sorted(gpu.tolist()) == [0] + [400_000] * 10  # all of each chunk's gpu span
-    _, merged = in_partitions(split(whole, partitions), "client", "exclusive")
+    merged = in_partitions(split(whole, partitions), "client", "exclusive").summary
     assert merged.to_dict() == single.summary.to_dict()
 
 

@@ -1,0 +1,343 @@
+"""The unit of every analysis: one table's requests analysed (a `Part`), and `merge`.
+
+A table is a whole trace, or one partition of a dataset (``analysis.partition``: whole
+requests, then copies of the engine step traces they joined, which other partitions own;
+``tracer.schema.OWN_ROWS_KEY`` in its metadata says where the copies begin). The path is
+the same for both (docs/architecture.md, "One program"):
+
+1. `survey` (only where the table is not the whole trace, or a report is wanted): the
+   table's clock bounds, its own ``step`` spans and ``engine_info`` events. The clock
+   offsets are estimated over every table's bounds (``clocks.offsets_from_bounds``), the
+   steps put on the trace's clock (`global_steps`) and the regime set up
+   (`regime_inputs`), each once for the whole trace.
+2. `analyze_part`: the table assembled with those offsets and attributed; the `Part` holds
+   per-request values (``Attribution``, ``RequestValues``) and, for a report, per-request
+   blame rows, prefill points and regime rows: each written once, here.
+3. `merge`: the parts stacked in order and summarized once into the one ``Analysis``.
+
+``analyze(table)`` is ``merge([analyze_part(table)])``; a dataset on a Dask cluster is the
+merge of each partition's part. Every figure of the summary is computed from the merged
+per-request values (percentiles over every request, means from exact integer sums), so
+both give the same ``Analysis`` bit for bit (tests/analysis/test_part.py).
+
+Pure functions (no I/O); where the tables come from and where each part runs is
+``ttft.reports.runs.analyses``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ttft.analysis import _columns as col
+from ttft.analysis import clocks
+from ttft.analysis._grouping import decode
+from ttft.analysis._trees import CODE
+from ttft.analysis.assemble import Assembly, assemble
+from ttft.analysis.attribution import Attribution, attribute
+from ttft.analysis.blame import blame
+from ttft.analysis.prefill import prefill_points
+from ttft.analysis.quality import Quality
+from ttft.analysis.regime import ENGINE_INFO, RegimeSetup, regime, regime_setup
+from ttft.analysis.request_values import RequestValues, request_values, stack_frames, stacked
+from ttft.analysis.result import Analysis, ReportRows, run_metadata
+from ttft.analysis.summary import summarize
+from ttft.tracer.schema import (
+    ATTR_DECODE_TOKENS,
+    ATTR_PREFILL_TOKENS,
+    ATTR_STEP_ID,
+    BOUNDARY_NAMES,
+    OWN_ROWS_KEY,
+    SCHEMA_VERSION,
+)
+
+__all__ = ["Part", "ReportInputs", "Survey", "analyze_part", "assemble_table", "attribute_part",
+           "default_boundary", "global_steps", "locate", "merge", "own_rows",
+           "reattributed", "regime_inputs", "report_rows", "survey", "with_report"]
+
+_STEP_KEYS = (ATTR_STEP_ID, ATTR_PREFILL_TOKENS, ATTR_DECODE_TOKENS)
+
+
+def own_rows(table: pa.Table) -> int:
+    """How many leading rows of ``table`` it owns: every row, unless it is a partition
+    read alone (``OWN_ROWS_KEY``)."""
+    raw = (table.schema.metadata or {}).get(OWN_ROWS_KEY)
+    return table.num_rows if raw is None else int(raw)
+
+
+@dataclass
+class Survey:
+    """One table's first pass: its clock bounds, its own valid ``step`` spans and
+    ``engine_info`` events (raw clocks, ``SPAN_SCHEMA``, in row order) and its run
+    metadata."""
+
+    bounds: clocks.Bounds
+    steps: pa.Table
+    engine_info: pa.Table
+    metadata: dict[str, Any]
+
+
+def survey(table: pa.Table) -> Survey:
+    """The `Survey` of ``table`` (its borrowed copies are surveyed where they are owned)."""
+    d = decode(table)
+    own = np.arange(table.num_rows) < own_rows(table)
+    steps = np.flatnonzero(own & d.valid & (d.stage == CODE["step"]))
+    info = own & np.asarray(pc.fill_null(pc.equal(table.column("name"), ENGINE_INFO), False)
+                            .to_numpy(zero_copy_only=False), dtype=bool)
+    plain = table.replace_schema_metadata(None)
+    return Survey(clocks.table_bounds(table, d), plain.take(steps),
+                  plain.take(np.flatnonzero(info)), run_metadata(table))
+
+
+def global_steps(surveys: Sequence[Survey], offsets: Sequence[clocks.ClockOffset]
+                 ) -> pa.Table:
+    """Every table's own ``step`` spans, in order, as blame and the waterfalls read them:
+    ``name``, ``service``, ``clock``, ``start_ns`` and ``end_ns`` moved onto the client
+    clock by ``offsets`` as ``assemble`` moves them (``clocks.row_shift``; a step on a
+    ``gpu:*`` clock follows the host clock of its own trace, else of its service, among
+    the steps), and ``attributes`` holding only the step's id and token counts (as
+    ``_columns.int_attribute`` reads them; -1 where absent), which keeps the table small."""
+    steps = pa.concat_tables([s.steps for s in surveys])
+    clock, clock_values = col.codes(steps.column("clock"))
+    shift = clocks.row_shift(clock, clock_values, offsets,
+                             lambda: col.trace_codes(steps.column("trace_id"))[0],
+                             lambda: col.codes(steps.column("service"))[0])
+    times = {name: col.int64(steps.column(name)) for name in ("start_ns", "end_ns")}
+    if shift is not None:
+        times = {name: ns + shift for name, ns in times.items()}
+    every = np.arange(steps.num_rows)
+    attributes = pc.binary_join_element_wise(*(
+        pc.binary_join_element_wise(f'"{key}":', pa.array(col.int_attribute(
+            steps.column("attributes"), every, key)).cast(pa.string()), "")
+        for key in _STEP_KEYS), ",")
+    return pa.table({
+        "name": steps.column("name"), "service": steps.column("service"),
+        "clock": steps.column("clock"),
+        **{name: pa.array(ns, pa.int64()) for name, ns in times.items()},
+        "attributes": pc.binary_join_element_wise("{", attributes, "}", ""),
+    })
+
+
+def regime_inputs(surveys: Sequence[Survey], options: Mapping[str, Any]) -> RegimeSetup:
+    """The regime set up as for the whole trace: from its last ``engine_info`` event, in
+    table order, and the first table's metadata; ``options`` are ``regime_setup``'s keyword
+    arguments.
+
+    Raises:
+        ValueError: the model config (given or the trace's) is not a model shape.
+    """
+    info = pa.concat_tables([s.engine_info for s in surveys])
+    return regime_setup(info, surveys[0].metadata, **options)
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What a report's per-request rows need from the whole trace: every engine step on
+    its clock (`global_steps`; None: the table's own, when it is the whole trace) and the
+    regime's setup (None: no regime rows); ``rows`` False for the regime rows alone."""
+
+    steps: pa.Table | None = None
+    regime: RegimeSetup | None = None
+    rows: bool = True
+
+
+@dataclass
+class Part:
+    """One table analysed: its attribution (``request`` indices local to it) and its
+    requests' values; the boundaries any of its requests supports; for a report
+    (`ReportInputs`), its requests' blame rows, prefill points and, with a model shape,
+    its chunks' regime rows (else None); and its assembly, when kept (``keep``) for views
+    that draw spans (never shipped between processes)."""
+
+    attribution: Attribution
+    values: RequestValues
+    boundaries: tuple[str, ...]
+    report: ReportRows | None = None
+    assembly: Assembly | None = field(default=None, repr=False)
+
+
+def attribute_part(asm: Assembly, boundary: str | None, policy: str,
+                   report: ReportInputs | None = None, *, keep: bool = False) -> Part:
+    """The `Part` of an assembled table at ``boundary`` (None: its own outermost one) and
+    ``policy``.
+
+    Raises:
+        ValueError: an unknown boundary or policy.
+    """
+    supported = tuple(name for name in BOUNDARY_NAMES if asm.has_window(name).any())
+    attr = attribute(asm, boundary, policy)
+    rows = None if report is None else report_rows(asm, report)
+    return Part(attr, request_values(asm, attr), supported, rows, asm if keep else None)
+
+
+def report_rows(asm: Assembly, report: ReportInputs) -> ReportRows:
+    """The report's per-request rows of an assembled table (no boundary changes them)."""
+    chunks = (None if report.regime is None or report.regime.shape is None
+              else regime(asm, report.regime.shape, report.regime.peaks))
+    return ReportRows(blame(asm, report.steps) if report.rows else None,
+                      prefill_points(asm) if report.rows else None, chunks)
+
+
+def reattributed(analysis: Analysis, boundary: str | None = None, policy: str | None = None
+                 ) -> Analysis:
+    """The same trace at another boundary or policy, from the analysis's assembly (its
+    SLOs and report rows, which no boundary changes, reused).
+
+    Raises:
+        ValueError: an unknown boundary or policy, or an analysis without its assembly
+            (one merged from partitions is analysed again by its driver).
+    """
+    if analysis.assembly is None:
+        raise ValueError("an analysis merged from partitions is analysed again by its "
+                         "driver (ttft.reports.runs.analyses)")
+    part = attribute_part(analysis.assembly, boundary, policy or analysis.attribution.policy,
+                          keep=True)
+    part.report = analysis.report
+    return merge([part], metadata=analysis.metadata, trace=analysis.summary.trace,
+                 slo=analysis.slo, inputs=analysis.summary.inputs, regime=analysis.regime)
+
+
+def with_report(analysis: Analysis, options: Mapping[str, Any] | None = None) -> Analysis:
+    """``analysis``, analysed whole in this process (it holds its assembly), with the
+    report's per-request rows and the regime set up by ``options`` (``regime_setup``'s
+    keyword arguments; None: those it was set up with, else the trace's own)."""
+    if analysis.assembly is None:
+        raise ValueError("an analysis merged from partitions gets its report rows from its "
+                         "driver (ttft.reports.runs.analyses)")
+    setup = analysis.regime
+    if options is not None or setup is None:
+        setup = regime_setup(analysis.assembly.rows.table, analysis.metadata, **(options or {}))
+    rows = report_rows(analysis.assembly, ReportInputs(None, setup))
+    return replace(analysis, report=rows, regime=setup)
+
+
+def analyze_part(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = None,
+                 boundary: str | None = None, policy: str = "exclusive",
+                 report: ReportInputs | None = None, keep: bool = False) -> Part:
+    """Assemble and attribute one table (`attribute_part`).
+
+    Args:
+        table: a whole trace, or one partition read alone (its copies after its
+            `own_rows`: their defects are counted where they are owned).
+        offsets: the trace's clock offsets (None: estimated from this table, which is
+            then the whole trace).
+        boundary: None for the table's own outermost boundary; the caller analyses it
+            again at the trace's (`default_boundary`) when that differs.
+        policy: the attribution policy.
+        report: with the report's per-request rows (`ReportInputs`); None without.
+        keep: keep the assembly in the part.
+
+    Raises:
+        ValueError: an unknown boundary or policy.
+    """
+    return attribute_part(assemble_table(table, offsets), boundary, policy, report, keep=keep)
+
+
+def assemble_table(table: pa.Table, offsets: Sequence[clocks.ClockOffset] | None = None
+                   ) -> Assembly:
+    """``assemble`` of a whole trace or of one partition (its borrowed copies, after its
+    `own_rows`, counted where they are owned) with the trace's ``offsets``."""
+    mine = own_rows(table)
+    borrowed = None
+    if mine < table.num_rows:
+        borrowed = np.arange(table.num_rows) >= mine
+    return assemble(table, offsets=offsets, borrowed=borrowed)
+
+
+def default_boundary(parts: Sequence[Part]) -> str:
+    """The outermost boundary at least one request of any part supports (else ``engine``),
+    as ``Assembly.default_boundary`` chooses for the whole."""
+    supported = {name for part in parts for name in part.boundaries}
+    return next((name for name in BOUNDARY_NAMES if name in supported), BOUNDARY_NAMES[-1])
+
+
+def _requests_of(attr: Attribution) -> int:
+    """The number of requests of the part's assembly (every request is in ``requests`` or
+    ``failed``, or was left out as ``no_window``)."""
+    return len(attr.requests) + len(attr.failed) + attr.quality.counts["no_window"]
+
+
+def _merged_attribution(attrs: Sequence[Attribution],
+                        offsets: Sequence[clocks.ClockOffset] | None) -> Attribution:
+    if len({(a.boundary, a.policy) for a in attrs}) != 1:
+        raise ValueError("parts were attributed at different boundaries or policies")
+    quality = Quality()  # the first part alone carries the importer's rejected spans
+    for attr in attrs:
+        quality = quality.merged(attr.quality)
+    quality.clocks = list(attrs[0].quality.clocks if offsets is None else offsets)
+    counts = [_requests_of(attr) for attr in attrs]
+    return Attribution(
+        attrs[0].boundary, attrs[0].policy,
+        stack_frames([a.requests for a in attrs], counts),
+        stack_frames([a.attributed for a in attrs]),
+        stack_frames([a.covered for a in attrs]),
+        stack_frames([a.raw for a in attrs]),
+        quality,
+        stack_frames([a.failed for a in attrs], counts),
+    )
+
+
+def _merged_report(parts: Sequence[Part]) -> ReportRows | None:
+    found = [part.report for part in parts]
+    if any(rows is None for rows in found):
+        return None
+    def joined(frames: list[pd.DataFrame | None]) -> pd.DataFrame | None:
+        return None if any(f is None for f in frames) else stack_frames(frames)
+
+    regimes = [rows.regime for rows in found if rows.regime is not None]
+    chunks = None
+    if regimes:
+        chunks = stack_frames(regimes)
+        chunks.attrs["peaks"] = regimes[0].attrs.get("peaks")
+    return ReportRows(joined([rows.blame for rows in found]),
+                      joined([rows.prefill_points for rows in found]), chunks)
+
+
+def merge(parts: Sequence[Part], *, offsets: Sequence[clocks.ClockOffset] | None = None,
+          metadata: dict[str, Any] | None = None, trace: str = "",
+          slo: Mapping[str, float] | None = None,
+          inputs: list[dict[str, Any]] | None = None,
+          regime: RegimeSetup | None = None) -> Analysis:
+    """The one `Analysis` of a trace from its parts, all at one boundary and policy.
+
+    Args:
+        parts: every table's `Part`, in order.
+        offsets: the clock offsets the parts were assembled with (None: the one part's own).
+        metadata: the trace's run metadata (its first table's).
+        trace: the trace's path, echoed in the summary.
+        slo: SLO limits in ms per metric for the summary's goodput.
+        inputs: what was read (``ttft.collectors.read_inputs``), echoed in the summary.
+        regime: the regime's setup the parts' regime rows were costed with.
+
+    Raises:
+        ValueError: no parts, parts attributed at different boundaries or policies, or an
+            unknown SLO metric.
+    """
+    if not parts:
+        raise ValueError("no parts to merge")
+    metadata = metadata or {}
+    version = metadata.get("schema_version", SCHEMA_VERSION)
+    attr = _merged_attribution([part.attribution for part in parts], offsets)
+    summary = summarize(attr, stacked([part.values for part in parts]), trace=trace,
+                        schema_version=version if isinstance(version, int) else SCHEMA_VERSION,
+                        slo=slo)
+    summary.inputs = inputs
+    supported = tuple(name for name in BOUNDARY_NAMES
+                      if any(name in part.boundaries for part in parts))
+    return Analysis(attr, summary, metadata, slo or None, supported, _merged_report(parts),
+                    regime, parts[0].assembly if len(parts) == 1 else None)
+
+
+def locate(parts: Sequence[Part], request: int) -> tuple[int, int]:
+    """``(part, its own request index)`` of request ``request`` of `merge`'s attribution
+    (the ``request`` column of its frames)."""
+    firsts = np.cumsum([_requests_of(part.attribution) for part in parts])
+    k = int(np.searchsorted(firsts, request, side="right"))
+    return k, request - (int(firsts[k - 1]) if k else 0)
+

@@ -1,0 +1,83 @@
+"""`Analysis`: what every command reads of a trace, however it was analysed.
+
+One process analysing a table and a Dask cluster merging a dataset's partitions return
+this one type (``analysis.part.merge`` makes it in both), equal field for field but for
+``assembly``, which only a trace analysed whole in this process keeps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from ttft.analysis.assemble import Assembly
+from ttft.analysis.attribution import Attribution
+from ttft.analysis.regime import RegimeSetup
+from ttft.analysis.summary import Summary
+from ttft.tracer.schema import INPUTS_KEY, METADATA_KEY
+
+__all__ = ["Analysis", "ReportRows", "run_metadata", "table_inputs"]
+
+
+def run_metadata(table: pa.Table | pa.Schema) -> dict[str, Any]:
+    """The run metadata in a table's schema (empty when absent or not a JSON object)."""
+    schema = table if isinstance(table, pa.Schema) else table.schema
+    raw = (schema.metadata or {}).get(METADATA_KEY)
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def table_inputs(table: pa.Table) -> list[dict[str, Any]] | None:
+    """What was read to make ``table`` (``ttft.collectors.read_inputs``), or None."""
+    raw = (table.schema.metadata or {}).get(INPUTS_KEY)
+    return json.loads(raw) if raw else None
+
+
+@dataclass
+class ReportRows:
+    """A report's per-request rows beyond the attribution: ``blame`` (``analysis.blame``
+    of every request), ``prefill_points`` (``analysis.prefill``), both None when only the
+    regime was asked for, and ``regime`` (every chunk's ``analysis.regime.regime`` row,
+    the peaks in ``attrs["peaks"]``; None without a model shape)."""
+
+    blame: pd.DataFrame | None
+    prefill_points: pd.DataFrame | None
+    regime: pd.DataFrame | None
+
+
+@dataclass
+class Analysis:
+    """One trace analysed at one boundary and policy.
+
+    ``attribution`` holds the per-request parts; ``summary`` what ``ttft analyze --json``
+    prints (with its goodput against ``slo``, the limits in ms per metric, when given);
+    ``metadata`` the trace's run metadata; ``boundaries`` those some request supports,
+    outermost first; ``report`` the report's per-request rows and ``regime`` the regime's
+    setup, when the analysis was made for a report (else None); ``assembly`` the trace
+    grouped into requests, every row decoded once, when it was analysed whole in this
+    process (None when merged from partitions).
+    """
+
+    attribution: Attribution
+    summary: Summary
+    metadata: dict[str, Any]
+    slo: Mapping[str, float] | None = None
+    boundaries: tuple[str, ...] = ()
+    report: ReportRows | None = None
+    regime: RegimeSetup | None = None
+    assembly: Assembly | None = field(default=None, repr=False)
+
+    @property
+    def table(self) -> pa.Table:
+        """The span table that was analysed (the analysis must hold its assembly)."""
+        if self.assembly is None:
+            raise ValueError("an analysis merged from partitions holds no table")
+        return self.assembly.rows.table

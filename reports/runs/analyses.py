@@ -1,0 +1,365 @@
+"""The one driver: a trace location analysed, reported or compared, in this process or on a
+Dask cluster, by the same steps (docs/architecture.md, "One program").
+
+A `Runner` decides where each step runs: `InProcess` runs it here on the whole trace (one
+piece, read once and kept), `OnDask` runs it as one task per partition of a dataset (each
+task reads its partition whole: its own rows and the step traces it borrowed). The steps
+are ``analysis.part``'s, whatever the runner:
+
+1. where there are several pieces, or a report is wanted, a first pass: each piece's
+   ``survey``; the driver estimates the clock offsets over every request, puts the engine
+   steps on that clock (shared with every task) and sets the regime up, once;
+2. ``analyze_part`` of each piece with those offsets; a piece whose outermost boundary is
+   not the trace's (no boundary given) is analysed again at the trace's;
+3. ``merge`` of the parts into the one ``Analysis``;
+4. for a report, the waterfalls of the median, p99 and slowest requests, from the pieces
+   holding them.
+
+The driver holds the merged per-request values, never a piece's spans.
+
+Dask (``distributed``) is the ``dask`` extra: ``pip install 'ttft[dask]'``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import pandas as pd
+
+from ttft.analysis.clock_offset import ClockOffset
+from ttft.analysis.clocks import offsets_from_bounds
+from ttft.analysis.part import (
+    Part,
+    ReportInputs,
+    Survey,
+    analyze_part,
+    assemble_table,
+    default_boundary,
+    global_steps,
+    locate,
+    merge,
+    reattributed,
+    regime_inputs,
+    survey,
+)
+from ttft.analysis.regime import RegimeSetup, regime_setup
+from ttft.analysis.result import Analysis, run_metadata, table_inputs
+from ttft.collectors.location import TraceLocation
+from ttft.reports.report_data import (
+    ReportData,
+    Waterfall,
+    build_report,
+    chosen_requests,
+    request_spans,
+    waterfall,
+)
+
+__all__ = ["DaskMissing", "InProcess", "OnDask", "Runner", "analyze_location",
+           "compare_locations", "report_location", "runner"]
+
+INSTALL_HINT = "pip install 'ttft[dask]'"
+Piece = int | None
+"""A partition of a dataset, or None: the whole trace."""
+
+
+class DaskMissing(ImportError):
+    """``distributed`` is not installed; the message says how to install it."""
+
+
+class Runner(Protocol):
+    """Where the steps run: each piece of a location, one call of a task each."""
+
+    workers: int
+
+    def pieces(self, location: TraceLocation) -> list[Piece]:
+        """The pieces ``location`` is analysed in."""
+        ...
+
+    def map(self, task: Callable[..., Any], location: TraceLocation, pieces: Sequence[Piece],
+            *args: Any, each: Mapping[Piece, tuple[Any, ...]] | None = None,
+            on_done: Callable[[], None] | None = None) -> list[Any]:
+        """``task(location, piece, *args, *each[piece])`` for every piece, results in
+        order; ``on_done`` after each."""
+        ...
+
+    def share(self, value: Any) -> Any:
+        """``value`` as the tasks receive it (on a cluster, sent once to every worker)."""
+        ...
+
+
+class InProcess:
+    """Every step here, on the whole trace (a dataset read whole: every partition's own
+    rows), the table read once and its assembly kept for the waterfalls."""
+
+    workers = 1
+    keeps = True
+
+    def pieces(self, location: TraceLocation) -> list[Piece]:
+        return [None]
+
+    def map(self, task: Callable[..., Any], location: TraceLocation, pieces: Sequence[Piece],
+            *args: Any, each: Mapping[Piece, tuple[Any, ...]] | None = None,
+            on_done: Callable[[], None] | None = None) -> list[Any]:
+        out = []
+        for piece in pieces:
+            out.append(task(location, piece, *args, *(each or {}).get(piece, ())))
+            if on_done is not None:
+                on_done()
+        return out
+
+    def share(self, value: Any) -> Any:
+        return value
+
+
+class OnDask:
+    """One Dask task per partition of a dataset, each result fetched as its task ends and
+    its future released at once, so a worker holds what it is computing, never every
+    partition's result."""
+
+    keeps = False
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    @property
+    def workers(self) -> int:
+        return len(self.client.scheduler_info().get("workers", {}))
+
+    def pieces(self, location: TraceLocation) -> list[Piece]:
+        return list(range(location.partitions()))
+
+    def map(self, task: Callable[..., Any], location: TraceLocation, pieces: Sequence[Piece],
+            *args: Any, each: Mapping[Piece, tuple[Any, ...]] | None = None,
+            on_done: Callable[[], None] | None = None) -> list[Any]:
+        from distributed import as_completed
+
+        futures = {self.client.submit(task, location, k, *args, *(each or {}).get(k, ()),
+                                      pure=False): k for k in pieces}
+        results: dict[Piece, Any] = {}
+        for future, result in as_completed(list(futures), with_results=True):
+            results[futures.pop(future)] = result
+            future.release()
+            if on_done is not None:
+                on_done()
+        return [results[k] for k in pieces]
+
+    def share(self, value: Any) -> Any:
+        return self.client.scatter(value, broadcast=True)
+
+
+@contextmanager
+def runner(workers: int | None = None, scheduler: str | None = None) -> Iterator[Runner]:
+    """`InProcess` without ``workers`` and ``scheduler``; else `OnDask` on a
+    ``LocalCluster`` of ``workers`` processes (one thread each, on 127.0.0.1; its status
+    server on a free port, never a fixed one another process may hold), or connected to
+    the scheduler at ``scheduler``.
+
+    Raises:
+        DaskMissing: ``distributed`` is not installed.
+        OSError: the scheduler cannot be reached (within 30 s).
+    """
+    if workers is None and scheduler is None:
+        yield InProcess()
+        return
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as exc:
+        raise DaskMissing(f"--workers and --scheduler need Dask: {INSTALL_HINT}") from exc
+    if scheduler is not None:
+        with Client(scheduler, timeout="30s") as client:
+            yield OnDask(client)
+        return
+    with LocalCluster(n_workers=workers or 1, threads_per_worker=1, processes=True,
+                      host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                      silence_logs=40) as cluster, Client(cluster) as client:
+        yield OnDask(client)
+
+
+# --- the tasks: module-level functions of (location, piece, ...) --------------------------
+
+def _table(location: TraceLocation, piece: Piece) -> Any:
+    if piece is None:  # the whole trace: read once in this process, then kept
+        location.table = location.read()
+        return location.table
+    return location.read(piece)
+
+
+def _survey_task(location: TraceLocation, piece: Piece) -> Survey:
+    return survey(_table(location, piece))
+
+
+@dataclass
+class _Whole:
+    """The first pass of a trace in one piece: no survey, only what the merge echoes."""
+
+    metadata: dict[str, Any]
+    inputs: list[dict[str, Any]] | None
+    regime: RegimeSetup | None
+
+
+def _whole_task(location: TraceLocation, piece: Piece, options: Mapping[str, Any] | None
+                ) -> _Whole:
+    table = _table(location, piece)
+    metadata = run_metadata(table)
+    setup = None if options is None else regime_setup(table, metadata, **options)
+    return _Whole(metadata, table_inputs(table), setup)
+
+
+def _part_task(location: TraceLocation, piece: Piece, offsets: Sequence[ClockOffset] | None,
+               boundary: str | None, policy: str, report: ReportInputs | None, steps: Any,
+               keep: bool) -> Part:
+    """``analyze_part`` of the piece; ``steps`` (the trace's, an argument of its own so
+    that a cluster hands the task the table it shared, not a reference to it) go into
+    ``report``."""
+    if report is not None and steps is not None:
+        report = replace(report, steps=steps)
+    return analyze_part(_table(location, piece), offsets=offsets, boundary=boundary,
+                        policy=policy, report=report, keep=keep)
+
+
+def _spans_task(location: TraceLocation, piece: Piece, offsets: Sequence[ClockOffset] | None,
+                steps: Any, wanted: Sequence[tuple[int, int, int]]) -> list[pd.DataFrame]:
+    """``request_spans`` of each ``(request, a_ns, b_ns)`` of the piece."""
+    asm = location.memo.get(("assembly", piece))
+    if asm is None:
+        asm = assemble_table(_table(location, piece), offsets)
+    return [request_spans(asm, request, a_ns, b_ns, steps) for request, a_ns, b_ns in wanted]
+
+
+# --- the driver ----------------------------------------------------------------------------
+
+@dataclass
+class _Run:
+    """A location analysed: the analysis and what a later step needs of the run."""
+
+    analysis: Analysis
+    parts: list[Part]
+    pieces: list[Piece]
+    offsets: list[ClockOffset] | None
+    steps: Any
+
+
+def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, policy: str,
+              slo: Mapping[str, float] | None, regime: Mapping[str, Any] | None,
+              rows: bool, on_done: Callable[[], None] | None) -> _Run:
+    pieces = run.pieces(location)
+    offsets: list[ClockOffset] | None = None
+    steps = None
+    if len(pieces) > 1:
+        surveys = run.map(_survey_task, location, pieces, on_done=on_done)
+        offsets = offsets_from_bounds([s.bounds for s in surveys])
+        metadata, inputs = surveys[0].metadata, None
+        setup = None if regime is None else regime_inputs(surveys, regime)
+        if regime is not None and rows:
+            steps = run.share(global_steps(surveys, offsets))
+    else:
+        (whole,) = run.map(_whole_task, location, pieces, regime, on_done=on_done)
+        metadata, inputs, setup = whole.metadata, whole.inputs, whole.regime
+    report = None if regime is None else ReportInputs(None, setup, rows)
+    keep = getattr(run, "keeps", False)
+    parts = run.map(_part_task, location, pieces, offsets, boundary, policy, report, steps,
+                    keep, on_done=on_done)
+    chosen = boundary or default_boundary(parts)
+    again = [k for k, part in zip(pieces, parts, strict=True)
+             if part.attribution.boundary != chosen]
+    if again:
+        redone = dict(zip(again, run.map(_part_task, location, again, offsets, chosen, policy,
+                                         report, steps, keep), strict=True))
+        parts = [redone.get(k, part) for k, part in zip(pieces, parts, strict=True)]
+    for k, part in zip(pieces, parts, strict=True):
+        if part.assembly is not None:
+            location.memo[("assembly", k)] = part.assembly
+    analysis = merge(parts, offsets=offsets, metadata=metadata, trace=str(location), slo=slo,
+                     inputs=inputs, regime=setup)
+    return _Run(analysis, parts, pieces, offsets, steps)
+
+
+def analyze_location(location: TraceLocation, run: Runner, *, boundary: str | None = None,
+                     policy: str = "exclusive", slo: Mapping[str, float] | None = None,
+                     regime: Mapping[str, Any] | None = None,
+                     on_done: Callable[[], None] | None = None) -> Analysis:
+    """The `Analysis` of ``location`` (see the module docstring).
+
+    Args:
+        location: the trace.
+        run: where the steps run.
+        boundary, policy, slo: as ``ttft.analysis.analyze``.
+        regime: ``regime_setup``'s keyword arguments for the chunks' regime rows (``{}``:
+            the trace's own model and device); None for none.
+        on_done: called after each task of each pass (a progress bar).
+
+    Raises:
+        DaskMissing, TraceFileError: as `runner` and ``read_spans``.
+        ValueError: an unknown boundary or policy, an SLO or a model config refused.
+    """
+    return _analyzed(location, run, boundary=boundary, policy=policy, slo=slo, regime=regime,
+                     rows=False, on_done=on_done).analysis
+
+
+def report_location(location: TraceLocation, run: Runner, *, boundary: str | None = None,
+                    policy: str = "exclusive", slo: Mapping[str, float] | None = None,
+                    regime: Mapping[str, Any] | None = None,
+                    on_done: Callable[[], None] | None = None) -> ReportData:
+    """Everything ``ttft report`` shows of ``location`` (``build_report``), its
+    waterfalls drawn from the pieces holding the chosen requests.
+
+    Raises:
+        as `analyze_location`.
+    """
+    done = _analyzed(location, run, boundary=boundary, policy=policy, slo=slo,
+                     regime=dict(regime or {}), rows=True, on_done=on_done)
+    return build_report(done.analysis, waterfalls=_waterfalls(location, run, done))
+
+
+def compare_locations(locations: Sequence[TraceLocation], run: Runner, *,
+                      boundary: str | None = None, policy: str = "exclusive",
+                      slo: Mapping[str, float] | None = None,
+                      choose: Callable[[list[tuple[str, ...]]], str] | None = None,
+                      on_done: Callable[[], None] | None = None) -> list[Analysis]:
+    """Several traces analysed at one boundary, for ``ttft compare``: ``boundary``, else
+    ``choose`` of the boundaries each supports (default: the first one's outermost); a
+    trace analysed at another is analysed again at it.
+
+    Raises:
+        as `analyze_location`, and whatever ``choose`` raises.
+    """
+    def one(location: TraceLocation, at: str | None, done: Any) -> Analysis:
+        return analyze_location(location, run, boundary=at, policy=policy, slo=slo,
+                                on_done=done)
+
+    found = [one(location, boundary, on_done) for location in locations]
+    chosen = boundary or (choose or (lambda seen: seen[0][0]))([a.boundaries for a in found])
+    return [a if a.attribution.boundary == chosen
+            else reattributed(a, chosen) if a.assembly is not None
+            else one(location, chosen, None)
+            for location, a in zip(locations, found, strict=True)]
+
+
+def _waterfalls(location: TraceLocation, run: Runner, done: _Run) -> list[Waterfall]:
+    """The waterfalls of `chosen_requests`, each request's spans from its piece (one task
+    per piece holding one) and the engine steps from the run's steps (None: the piece's
+    own, when it is the whole trace)."""
+    attribution = done.analysis.attribution
+    chosen = chosen_requests(attribution)
+    if not chosen:
+        return []
+    where = [locate(done.parts, int(attribution.requests["request"].iloc[row]))
+             for _, row in chosen]
+    wanted: dict[Piece, list[tuple[int, int, int]]] = {}
+    for (k, local), (_, row) in zip(where, chosen, strict=True):
+        a_ns = int(attribution.requests["a_ns"].iloc[row])
+        b_ns = a_ns + int(attribution.requests["ttft_ns"].iloc[row])
+        wanted.setdefault(done.pieces[k], []).append((local, a_ns, b_ns))
+    holding = [piece for piece in done.pieces if piece in wanted]
+    fetched = run.map(_spans_task, location, holding, done.offsets, done.steps,
+                      each={piece: (wanted[piece],) for piece in holding})
+    frames = {(piece, local): frame
+              for piece, batch in zip(holding, fetched, strict=True)
+              for (local, _, _), frame in zip(wanted[piece], batch, strict=True)}
+    return [waterfall(label, attribution.requests.iloc[row], attribution.attributed.iloc[row],
+                      frames[(done.pieces[k], local)])
+            for (label, row), (k, local) in zip(chosen, where, strict=True)]
+
