@@ -19,19 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("tracer", "engine", "collectors", "analysis", "reports")
 
-# Cycles known when this test was written, each through ``if TYPE_CHECKING:`` imports only
-# (annotations; nothing imports in a loop at run time). Listed whole, so that a module
+# Cycles known when this test was written (none now). Listed whole, so that a module
 # joining one, or any other cycle, fails. Remove an entry once its cycle is broken.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # The rules (mapping.Rule) and the applier (_mapping_apply.Apply) are annotated in the
-    # helpers Apply calls with itself.
-    frozenset({
-        "ttft.collectors.importers.mapping",
-        "ttft.collectors.importers._mapping_apply",
-        "ttft.collectors.importers._mapping_events",
-        "ttft.collectors.importers._mapping_ids",
-    }),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 Graph = dict[str, dict[str, list[str]]]
 """module → imported module → where (``path:line``) each import statement names it."""

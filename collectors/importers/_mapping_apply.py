@@ -7,22 +7,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ttft.collectors.importers._mapping_events import add_intervals
 from ttft.collectors.importers._mapping_ids import request_ids, rows_mentioning
+from ttft.collectors.importers._mapping_rules import DERIVE_FIRST_END, DERIVE_VLLM, Rule
 from ttft.tracer.schema import EV_FIRST_SAMPLED
 
-if TYPE_CHECKING:
-    from ttft.collectors.importers.mapping import Rule
-
-DERIVE_VLLM = "vllm_latency"
 DERIVED_ATTRIBUTE = "ttft.derived"
 """The attribute of every derived row: the derivation that made it."""
-DERIVE_FIRST_END = "first_end:"
 VLLM_QUEUE_S = "gen_ai.latency.time_in_queue"
 VLLM_PREFILL_S = "gen_ai.latency.time_in_model_prefill"
 VLLM_TTFT_S = "gen_ai.latency.time_to_first_token"

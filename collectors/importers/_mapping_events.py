@@ -5,15 +5,11 @@ by one: a table without those event names costs one dictionary lookup per rule."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-if TYPE_CHECKING:
-    from ttft.collectors.importers._mapping_apply import Apply
-    from ttft.collectors.importers.mapping import Rule
+from ttft.collectors.importers._mapping_rules import Application, Rule
 
 DERIVE_EVENTS = "events:"
 """``ttft.derived`` of an interval's row: ``events:STAGE:FROM..TO``."""
@@ -34,7 +30,7 @@ def pair(starts: list[int], ends: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def add_intervals(apply: Apply, rule: Rule, event_rows: np.ndarray,
+def add_intervals(apply: Application, rule: Rule, event_rows: np.ndarray,
                   request_id: pa.Array | pa.ChunkedArray | None) -> None:
     """Add ``rule``'s intervals to ``apply.derived``.
 

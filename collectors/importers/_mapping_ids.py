@@ -4,14 +4,13 @@ mechanics behind a rule's ``request_id`` and ``join`` and the ``gen_ai.request.i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-if TYPE_CHECKING:
-    from ttft.collectors.importers._mapping_apply import Apply
+from ttft.collectors.importers._mapping_rules import Application
 
 REQUEST_ID_ATTRIBUTE = "gen_ai.request.id"
 
@@ -53,7 +52,7 @@ def rows_mentioning(texts: pa.ChunkedArray, key: str) -> np.ndarray:
 class RequestIds:
     """The ``request_id`` column of one application, with the fills collected so far."""
 
-    def __init__(self, apply: Apply) -> None:
+    def __init__(self, apply: Application) -> None:
         self.apply = apply
         self.column = apply.table.column("request_id")
         self.fills: dict[int, str] = {}
@@ -133,7 +132,7 @@ class RequestIds:
                         strict=True))
 
 
-def request_ids(apply: Apply, assigned: np.ndarray) -> pa.Array | pa.ChunkedArray | None:
+def request_ids(apply: Application, assigned: np.ndarray) -> pa.Array | pa.ChunkedArray | None:
     """``request_id`` with the fills of `ttft.collectors.importers.mapping`'s rules applied
     (a rule's ``request_id``, then ``gen_ai.request.id``, then ``join``), or None when no
     row changes. Only rows a rule mapped, or whose attribute text mentions a key, are
