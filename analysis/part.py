@@ -46,7 +46,7 @@ from ttft.analysis.prefill import prefill_points
 from ttft.analysis.quality import Quality
 from ttft.analysis.regime import ENGINE_INFO, RegimeSetup, regime, regime_setup
 from ttft.analysis.request_values import RequestValues, request_values, stack_frames, stacked
-from ttft.analysis.result import Analysis, ReportRows, run_metadata
+from ttft.analysis.result import Analysis, ReportRows
 from ttft.analysis.summary import summarize
 from ttft.tracer.schema import (
     ATTR_DECODE_TOKENS,
@@ -55,6 +55,7 @@ from ttft.tracer.schema import (
     BOUNDARY_NAMES,
     OWN_ROWS_KEY,
     SCHEMA_VERSION,
+    run_metadata,
 )
 
 __all__ = ["Part", "ReportInputs", "Survey", "analyze_part", "assemble_table", "attribute_part",

@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from ttft.analysis.part import ReportInputs, analyze_part, merge
 from ttft.analysis.regime import regime_setup
-from ttft.analysis.result import Analysis, run_metadata, table_inputs
+from ttft.analysis.result import Analysis, table_inputs
+from ttft.tracer.schema import run_metadata
 
 __all__ = ["Analysis", "analyze"]
 

@@ -8,16 +8,14 @@ is never lost. The counts travel with every analysis result and are printed besi
 from __future__ import annotations
 
 import heapq
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
 from ttft.analysis.clock_offset import ClockOffset
-from ttft.tracer.schema import METADATA_KEY
+from ttft.tracer.schema import run_metadata
 
 DEFECTS: tuple[str, ...] = (
     "missing_field",
@@ -124,12 +122,7 @@ def estimated_spans(table: pa.Table) -> tuple[int, list[str]]:
 
 
 def _counted(table: pa.Table, key: str) -> tuple[int, list[str]]:
-    raw = (table.schema.metadata or {}).get(METADATA_KEY)
-    try:
-        metadata: Any = json.loads(raw) if raw else {}
-    except (ValueError, RecursionError):
-        return 0, []
-    counted = metadata.get(key) if isinstance(metadata, dict) else None
+    counted = run_metadata(table).get(key)
     if not isinstance(counted, dict):
         return 0, []
     count, examples = counted.get("count"), counted.get("examples")

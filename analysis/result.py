@@ -19,20 +19,9 @@ from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.regime import RegimeSetup
 from ttft.analysis.summary import Summary
-from ttft.tracer.schema import INPUTS_KEY, METADATA_KEY
+from ttft.tracer.schema import INPUTS_KEY
 
-__all__ = ["Analysis", "ReportRows", "run_metadata", "table_inputs"]
-
-
-def run_metadata(table: pa.Table | pa.Schema) -> dict[str, Any]:
-    """The run metadata in a table's schema (empty when absent or not a JSON object)."""
-    schema = table if isinstance(table, pa.Schema) else table.schema
-    raw = (schema.metadata or {}).get(METADATA_KEY)
-    try:
-        value = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+__all__ = ["Analysis", "ReportRows", "table_inputs"]
 
 
 def table_inputs(table: pa.Table) -> list[dict[str, Any]] | None:

@@ -50,7 +50,7 @@ from ttft.collectors._files import fsync, replace_bytes, write_atomic
 from ttft.collectors.errors import TraceFileError
 from ttft.collectors.parquet import read_parquet
 from ttft.collectors.run_counts import COUNTED
-from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION
+from ttft.tracer.schema import SCHEMA_VERSION, run_metadata
 
 __all__ = [
     "DATASET_FILE",
@@ -192,8 +192,7 @@ def write_dataset(
     owner, copy_rows, copy_partitions = _checked_rows(table, owner, copy_rows,
                                                       copy_partitions, partitions)
     if metadata is None:
-        raw = (table.schema.metadata or {}).get(METADATA_KEY)
-        metadata = json.loads(raw) if raw else {}
+        metadata = run_metadata(table)
     run = {**metadata, "schema_version": SCHEMA_VERSION}
     first = _json_bytes(run)
     others = _json_bytes({k: v for k, v in run.items() if k not in COUNTED})

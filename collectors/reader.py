@@ -35,7 +35,7 @@ from ttft.collectors.errors import TraceFileError
 from ttft.collectors.importers import IMPORTERS
 from ttft.collectors.importers._base import MAX_DECOMPRESSED_BYTES, head
 from ttft.collectors.importers.mapping import StageMapping, default_mapping, load_mapping
-from ttft.tracer.schema import INPUTS_KEY, METADATA_KEY, OWN_ROWS_KEY
+from ttft.tracer.schema import INPUTS_KEY, OWN_ROWS_KEY, run_metadata, with_run_metadata
 
 __all__ = ["FIFO_WAIT_S", "STDIN", "guess_format", "read_inputs", "read_spans", "run_metadata"]
 
@@ -139,8 +139,7 @@ def read_spans(
                 table = _read(copy, format, rules)
             except TraceFileError as exc:
                 raise TraceFileError(shown, exc.reason, row=exc.row, field=exc.field) from None
-        metadata = {**run_metadata(table), "source": shown}
-        return table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata).encode()})
+        return with_run_metadata(table, {**run_metadata(table), "source": shown})
     return _read(Path(path), format, rules)
 
 
@@ -233,9 +232,3 @@ def read_inputs(table: pa.Table) -> list[dict[str, Any]] | None:
     out); None for a single finished file or another format."""
     raw = (table.schema.metadata or {}).get(INPUTS_KEY)
     return json.loads(raw) if raw else None
-
-
-def run_metadata(table: pa.Table) -> dict[str, Any]:
-    """The run metadata a table from :func:`read_spans` carries (empty when it has none)."""
-    raw = (table.schema.metadata or {}).get(METADATA_KEY)
-    return json.loads(raw) if raw else {}

@@ -40,7 +40,6 @@ window is ``network``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -84,11 +83,11 @@ from ttft.tracer.schema import (
     EV_FIRST_SAMPLED,
     EV_FIRST_TOKEN,
     EV_TOKEN,
-    METADATA_KEY,
     POLICIES,
     SPAN_SCHEMA,
     STAGE_NAMES,
     stage_of,
+    with_run_metadata,
 )
 
 GENERATOR = "ttft.collectors.synthetic"
@@ -175,8 +174,7 @@ def write_expected(synth: SyntheticTrace, path: str | Path) -> Path:
     """Write ``synth.expected`` to exactly ``path`` as Parquet, with the workload metadata
     under `METADATA_KEY`; returns the path."""
     table = pa.Table.from_pandas(synth.expected, preserve_index=False)
-    meta = {**(table.schema.metadata or {}), METADATA_KEY: json.dumps(synth.metadata).encode()}
-    pq.write_table(table.replace_schema_metadata(meta), path)
+    pq.write_table(with_run_metadata(table, synth.metadata), path)
     return Path(path)
 
 

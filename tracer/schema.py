@@ -7,8 +7,10 @@ no torch, so every tool that only reads traces stays light.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import pyarrow as pa
 
@@ -27,6 +29,25 @@ OWN_ROWS_KEY: Final[bytes] = b"ttft.own_rows"
 partition=k)``): how many of its leading rows it owns (a decimal count); the rows after
 them are copies of the step traces its requests joined, owned by other partitions. Never
 written to a file."""
+
+
+def run_metadata(table: pa.Table | pa.Schema) -> dict[str, Any]:
+    """The run metadata under `METADATA_KEY` of a table's schema: the one reader of it
+    (empty when absent, not JSON or not a JSON object)."""
+    schema = table if isinstance(table, pa.Schema) else table.schema
+    raw = (schema.metadata or {}).get(METADATA_KEY)
+    try:
+        value = json.loads(raw) if raw else {}
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def with_run_metadata(table: pa.Table, metadata: Mapping[str, Any]) -> pa.Table:
+    """``table`` with ``metadata`` as its run metadata (`METADATA_KEY`; its other schema
+    metadata kept): the one writer of it on a table."""
+    return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                          METADATA_KEY: json.dumps(metadata).encode()})
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 

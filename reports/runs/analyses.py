@@ -46,7 +46,7 @@ from ttft.analysis.part import (
     survey,
 )
 from ttft.analysis.regime import RegimeSetup, regime_setup
-from ttft.analysis.result import Analysis, run_metadata, table_inputs
+from ttft.analysis.result import Analysis, table_inputs
 from ttft.collectors.location import TraceLocation
 from ttft.reports.report_data import (
     ReportData,
@@ -56,6 +56,7 @@ from ttft.reports.report_data import (
     request_spans,
     waterfall,
 )
+from ttft.tracer.schema import run_metadata
 
 __all__ = ["DaskMissing", "InProcess", "OnDask", "Runner", "analyze_location",
            "compare_locations", "report_location", "runner"]
