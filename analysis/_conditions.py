@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.tracer.schema import ATTR_CACHED_TOKENS
 
 _NAMES = np.array([None, "cold", "prefix_hit"], dtype=object)

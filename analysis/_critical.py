@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ttft.analysis import _buckets
-from ttft.analysis._buckets import take_rows
+from ttft.analysis import _request_blocks
+from ttft.analysis._request_blocks import take_rows
 from ttft.analysis._trees import CODE
 
 
@@ -69,7 +69,7 @@ def critical_path(block) -> np.ndarray:
         on = new
     length = np.where(on, hi - lo, 0)
     flat = (np.arange(block.n)[:, None] * (k + 1) + par).ravel()
-    child = _buckets.row_sums(flat, length, block.n * (k + 1)).reshape(block.n, k + 1)
+    child = _request_blocks.row_sums(flat, length, block.n * (k + 1)).reshape(block.n, k + 1)
     own = np.where(on, length - child[:, :k], 0)
     att = block.sum_by_stage(block.out_stage, own)
     att[:, CODE["unattributed"]] += (block.b - block.a)[:, 0] - child[:, k]

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.analysis._trees import CODE, N_STAGES, value_rank
 from ttft.analysis.clock_offset import in_range
 from ttft.tracer.schema import (

@@ -54,7 +54,7 @@ def _number_at(data: np.ndarray, q: int, end: int) -> int:
 @njit(cache=True, nogil=True)
 def int_scan(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray, rows: np.ndarray,
              name: np.ndarray, out: np.ndarray) -> None:
-    """``_columns.int_attribute`` of the texts at ``rows`` of one Arrow string chunk
+    """``_column_arrays.int_attribute`` of the texts at ``rows`` of one Arrow string chunk
     (``offsets``/``data`` its buffers, ``valid`` its validity per row), into ``out``:
     the integer after the top-level key ``name`` (the key's JSON string, as bytes), -1
     where none, `PARSE` where only a JSON parse can tell.

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.tracer.schema import (
     ATTR_ERROR,
     ATTR_OUTCOME,
@@ -38,7 +38,7 @@ def _matches(texts: pa.Array, pattern: str) -> np.ndarray:
 def _plainly_ok(texts: pa.Array) -> np.ndarray:
     """Rows that are ``ok`` by `client_outcomes`' rules, found by substring searches alone:
     neither an outcome nor an error key and no backslash (no escape can spell one), or one
-    outcome key written ``"outcome":"ok"`` in a flat object (`_columns.json_shapes`: no
+    outcome key written ``"outcome":"ok"`` in a flat object (`_column_arrays.json_shapes`: no
     other object, no backslash, so the key is the top-level one; no failure is named
     ``ok``, so no rule can match)."""
     key = json.dumps(ATTR_OUTCOME)

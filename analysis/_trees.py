@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ttft.analysis._buckets import iter_blocks
+from ttft.analysis._request_blocks import iter_blocks
 from ttft.tracer.schema import REQUEST_STAGES, STAGE_NAMES
 
 NONE_NS = np.iinfo(np.int64).min
@@ -23,7 +23,7 @@ N_STAGES = len(STAGE_NAMES)
 class Spans:
     """Request-level spans (plus joined ``gpu`` copies), grouped by request: a request's
     spans are consecutive from ``offsets[request]``, and requests are laid out by span
-    count, then number (so each block of `_buckets.iter_blocks` is one run).
+    count, then number (so each block of `_request_blocks.iter_blocks` is one run).
 
     All arrays have one entry per span; ``sid_hi``/``sid_lo`` are the span id as two
     words that compare like the id string; ``parent`` is the column of the parent inside the

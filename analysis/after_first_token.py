@@ -25,7 +25,7 @@ from ttft.tracer.schema import EV_FIRST_REASONING
 _NS_PER_MS = 1e6
 PERCENTILES = (50, 90, 99)
 KEYS = ("itl_ms", "tpot_ms", "chunk_gap_ms", "ttst_ms", "ttfrt_ms")
-"""The keys `after_first_token_latency` returns, in order."""
+"""The keys `summarize_values` returns, in order."""
 COMPLETION_TOKENS = "completion_tokens"
 
 
@@ -41,20 +41,11 @@ def _ms(ns: np.ndarray) -> dict[str, float] | None:
     return out
 
 
-def after_first_token_latency(asm: Assembly, requests: np.ndarray) -> dict[str, dict | None]:
-    """ITL, TPOT, pooled chunk gaps, time to second and to first reasoning token of the
-    requests ``requests`` (indices into ``asm.requests``: the ok ones), in ms.
-
-    Returns:
-        `KEYS` mapped to ``{p50, p90, p99, mean, requests}`` (``requests``: how many
-        requests, or gaps for ``chunk_gap_ms``, the figure is over), or None where no
-        request has what it needs.
-    """
-    return summarize_values(after_first_token_values(asm, requests))
-
-
 def summarize_values(values: dict[str, np.ndarray]) -> dict[str, dict | None]:
-    """`after_first_token_latency` from `after_first_token_values` (of one assembly, or
+    """ITL, TPOT, pooled chunk gaps, time to second and to first reasoning token, in ms,
+    each ``{p50, p90, p99, mean, requests}`` (``requests``: how many requests, or gaps for
+    ``chunk_gap_ms``, the figure is over) or None where no request has what it needs,
+    from `after_first_token_values` (of one assembly, or
     concatenated over the partitions of a dataset: every figure is the same in any order of
     the values)."""
     return {key: _ms(values[key]) for key in KEYS}

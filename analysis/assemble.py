@@ -7,7 +7,7 @@ Pure function over an Arrow table (no I/O). The rules are in docs/attribution.md
 inside each request, and the TTFT windows of all three boundaries are computed. Before any
 window is built, server clocks are moved onto the client clock by the offsets of
 ``analysis.clocks`` (0 for one host), reported in ``quality.clocks``.
-Everything is vectorized over requests (see ``_buckets``).
+Everything is vectorized over requests (see ``_request_blocks``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.analysis import clocks
 from ttft.analysis._clock_kinds import clock_kinds
 from ttft.analysis._conditions import conditions, max_cached
 from ttft.analysis._grouping import decode, group, join_gpu
-from ttft.analysis._ids import id_words
+from ttft.analysis._id_words import id_words
 from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._reported import attributed_rows
 from ttft.analysis._trees import CODE, MAX_NS, N_STAGES, NONE_NS, Spans, resolve_trees
@@ -205,7 +205,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     quality.add("reused_step_id", len(reused), _examples(trace_values, trace[reused]))
     rows = np.concatenate([span_rows, gpu_rows])
     req = np.concatenate([row_req[span_rows], row_req[chunk_rows]])
-    # Requests laid out by span count, then request: each block of equal counts (_buckets)
+    # Requests laid out by span count, then request: each block of equal counts (_request_blocks)
     # is then one contiguous run, read as a view instead of gathered.
     counts = np.bincount(req, minlength=n_req)
     by_count = np.argsort(counts, kind="stable")

@@ -10,7 +10,7 @@ policies of docs/design.md, with the details fixed in docs/attribution.md:
 * ``critical-path``: Jaeger's walk from the window's root, stopped at the first-token
   milestone.
 
-All three run on dense ``(requests, spans)`` blocks (see ``_buckets``): loops go over
+All three run on dense ``(requests, spans)`` blocks (see ``_request_blocks``): loops go over
 span columns or tree depth, never over requests.
 """
 
@@ -22,10 +22,16 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from ttft.analysis import _buckets
-from ttft.analysis import _columns as col
-from ttft.analysis._buckets import MAX_BITS, active_bits, iter_blocks, nearest_ancestor, take_rows
+from ttft.analysis import _column_arrays as col
+from ttft.analysis import _request_blocks
 from ttft.analysis._critical import critical_path
+from ttft.analysis._request_blocks import (
+    MAX_BITS,
+    active_bits,
+    iter_blocks,
+    nearest_ancestor,
+    take_rows,
+)
 from ttft.analysis._trees import CODE, N_STAGES, value_rank
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.quality import Quality
@@ -310,7 +316,7 @@ class _Block:
 
     def sum_by_stage(self, stage: np.ndarray, ns: np.ndarray) -> np.ndarray:
         flat = (np.arange(self.n)[:, None] * N_STAGES + stage).ravel()
-        return _buckets.row_sums(flat, ns, self.n * N_STAGES).reshape(self.n, N_STAGES)
+        return _request_blocks.row_sums(flat, ns, self.n * N_STAGES).reshape(self.n, N_STAGES)
 
     def exclusive(self) -> np.ndarray:
         """Each segment to the active column with the largest exclusive key."""

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.analysis._reported import without_reported
 from ttft.analysis._request_columns import request_columns
 from ttft.analysis.assemble import Assembly, Rows

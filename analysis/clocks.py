@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.analysis._clock_kinds import (
     GPU_CLOCK_PREFIX,
     K_CLIENT,

@@ -40,7 +40,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.analysis._trees import NONE_NS
 from ttft.analysis.after_first_token import (
     COMPLETION_TOKENS,

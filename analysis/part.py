@@ -35,7 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.analysis import clocks
 from ttft.analysis._grouping import decode
 from ttft.analysis._trees import CODE
@@ -103,7 +103,7 @@ def global_steps(surveys: Sequence[Survey], offsets: Sequence[clocks.ClockOffset
     clock by ``offsets`` as ``assemble`` moves them (``clocks.row_shift``; a step on a
     ``gpu:*`` clock follows the host clock of its own trace, else of its service, among
     the steps), and ``attributes`` holding only the step's id and token counts (as
-    ``_columns.int_attribute`` reads them; -1 where absent), which keeps the table small."""
+    ``_column_arrays.int_attribute`` reads them; -1 where absent), which keeps the table small."""
     steps = pa.concat_tables([s.steps for s in surveys])
     clock, clock_values = col.codes(steps.column("clock"))
     shift = clocks.row_shift(clock, clock_values, offsets,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.analysis._conditions import max_cached
 from ttft.analysis._request_columns import request_columns
 from ttft.analysis.assemble import Assembly

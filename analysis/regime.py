@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.analysis._gpus import KNOWN_GPUS, KnownGpu, known_gpu
 from ttft.analysis._model_device import (
     ENGINE_INFO,

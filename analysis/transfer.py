@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from ttft.analysis import _columns as col
+from ttft.analysis import _column_arrays as col
 from ttft.analysis.assemble import Assembly
 from ttft.tracer.schema import ATTR_ESTIMATED, ATTR_KV_BLOCKS, ATTR_KV_BYTES, ATTR_KV_FIRST_TOKEN
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ttft.collectors.dataset import dataset_info, is_dataset
+from ttft.collectors.dataset import dataset_info
 
 __all__ = ["TraceLocation"]
 
@@ -38,11 +38,6 @@ class TraceLocation:
 
     def __str__(self) -> str:
         return self.path
-
-    @property
-    def is_dataset(self) -> bool:
-        """A partitioned dataset (``ttft partition``), readable one partition at a time."""
-        return is_dataset(self.path)
 
     def partitions(self) -> int:
         """The dataset's partition count.

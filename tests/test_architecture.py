@@ -79,21 +79,21 @@ def test_the_rules_catch_what_they_forbid(tmp_path):
     bad.write_text(
         "import ttft.reports.cli\n"
         "def f():\n"
-        "    from ttft.analysis._columns import codes\n"
+        "    from ttft.analysis._column_arrays import codes\n"
         "    from ttft.collectors import read_spans\n"
     )
     assert _violations("engine", bad) == [
         f"{bad}:1: engine may not import ttft.reports.cli",
-        f"{bad}:3: engine may not import ttft.analysis._columns",
-        f"{bad}:3 imports ttft.analysis._columns: another package's private module",
-        f"{bad}:3: engine may not import ttft.analysis._columns.codes",
-        f"{bad}:3 imports ttft.analysis._columns.codes: another package's private module",
+        f"{bad}:3: engine may not import ttft.analysis._column_arrays",
+        f"{bad}:3 imports ttft.analysis._column_arrays: another package's private module",
+        f"{bad}:3: engine may not import ttft.analysis._column_arrays.codes",
+        f"{bad}:3 imports ttft.analysis._column_arrays.codes: another package's private module",
         f"{bad}:4: engine may not import ttft.collectors",
         f"{bad}:4: engine may not import ttft.collectors.read_spans",
     ]
     assert _violations("reports", bad) == [
-        f"{bad}:3 imports ttft.analysis._columns: another package's private module",
-        f"{bad}:3 imports ttft.analysis._columns.codes: another package's private module",
+        f"{bad}:3 imports ttft.analysis._column_arrays: another package's private module",
+        f"{bad}:3 imports ttft.analysis._column_arrays.codes: another package's private module",
     ]
 
 

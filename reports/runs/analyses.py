@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Union
 
 import pandas as pd
 
@@ -70,30 +70,14 @@ class DaskMissing(ImportError):
     """``distributed`` is not installed; the message says how to install it."""
 
 
-class Runner(Protocol):
-    """Where the steps run: each piece of a location, one call of a task each."""
-
-    workers: int
-
-    def pieces(self, location: TraceLocation) -> list[Piece]:
-        """The pieces ``location`` is analysed in."""
-        ...
-
-    def map(self, task: Callable[..., Any], location: TraceLocation, pieces: Sequence[Piece],
-            *args: Any, each: Mapping[Piece, tuple[Any, ...]] | None = None,
-            on_done: Callable[[], None] | None = None) -> list[Any]:
-        """``task(location, piece, *args, *each[piece])`` for every piece, results in
-        order; ``on_done`` after each."""
-        ...
-
-    def share(self, value: Any) -> Any:
-        """``value`` as the tasks receive it (on a cluster, sent once to every worker)."""
-        ...
-
-
 class InProcess:
     """Every step here, on the whole trace (a dataset read whole: every partition's own
-    rows), the table read once and its assembly kept for the waterfalls."""
+    rows), the table read once and its assembly kept for the waterfalls.
+
+    A runner has ``pieces(location)`` (what a location is analysed in: None, the whole
+    trace, or partition numbers), ``map(task, location, pieces, *args, each=, on_done=)``
+    (``task(location, piece, *args, *each[piece])`` for every piece, results in order,
+    ``on_done`` after each) and ``share(value)`` (a value as every task receives it)."""
 
     workers = 1
     keeps = True
@@ -113,6 +97,10 @@ class InProcess:
 
     def share(self, value: Any) -> Any:
         return value
+
+
+Runner = Union["InProcess", "OnDask"]
+"""Where the steps run."""
 
 
 class OnDask:

@@ -12,7 +12,7 @@ from _build import event, row, table
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ttft.analysis import _columns
+from ttft.analysis import _column_arrays
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
 from ttft.analysis.reference import ReferenceSpan, attribute_request, covered_and_raw
@@ -292,7 +292,7 @@ def test_vectorized_equals_sweep(compiled, seed, n_requests, hex_ids):
     by the compiled kernels that take over from them on large tables."""
     with pytest.MonkeyPatch.context() as patch:
         if compiled:
-            patch.setattr(_columns, "KERNEL_ROWS", 1)
+            patch.setattr(_column_arrays, "KERNEL_ROWS", 1)
         _vectorized_equals_sweep(seed, n_requests, hex_ids)
 
 

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ttft.analysis._columns import codes, group_order, int_attribute
-from ttft.analysis._ids import id_values, id_words
+from ttft.analysis._column_arrays import codes, group_order, int_attribute
+from ttft.analysis._id_words import id_values, id_words
 
 
 def test_hex_ids_compare_like_their_strings():

@@ -13,8 +13,8 @@ from _build import event, row, table
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ttft.analysis import _columns
-from ttft.analysis._columns import int_attribute
+from ttft.analysis import _column_arrays
+from ttft.analysis._column_arrays import int_attribute
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
 from ttft.collectors.synthetic import generate
@@ -27,7 +27,7 @@ def _both(texts, rows, key, monkeypatch) -> tuple[list[int], list[int]]:
     arr = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string())
     by_regex = int_attribute(arr, rows, key).tolist()
     with monkeypatch.context() as m:
-        m.setattr(_columns, "KERNEL_ROWS", 1)
+        m.setattr(_column_arrays, "KERNEL_ROWS", 1)
         by_scan = int_attribute(arr, rows, key).tolist()
     return by_regex, by_scan
 
@@ -88,7 +88,7 @@ def test_exclusive_sweep_equals_the_blocks(boundary):
         asm = assemble(tbl)
         want = attribute(asm, boundary, "exclusive")
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(_columns, "KERNEL_ROWS", 1)
+            patch.setattr(_column_arrays, "KERNEL_ROWS", 1)
             got = attribute(asm, boundary, "exclusive")
         pd.testing.assert_frame_equal(got.requests, want.requests)
         for part in ("attributed", "covered", "raw"):

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.analysis._columns import by_chunk, one_array
+from ttft.analysis._column_arrays import by_chunk, one_array
 
 
 def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
