@@ -23,7 +23,7 @@ from ttft.analysis import _column_arrays as col
 from ttft.analysis import clocks
 from ttft.analysis._clock_kinds import clock_kinds
 from ttft.analysis._conditions import conditions, max_cached
-from ttft.analysis._grouping import decode, group, join_gpu
+from ttft.analysis._grouping import Decoded, Grouping, decode, group, join_gpu
 from ttft.analysis._id_words import id_words
 from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._reported import attributed_rows
@@ -154,9 +154,41 @@ def _row_names(table: pa.Table, rows: np.ndarray) -> list[str]:
             for s, t, i in zip(span, trace, rows.tolist(), strict=True)]
 
 
+@dataclass
+class _Assembling:
+    """What each step of `assemble` hands the next: the table decoded (every row once) and
+    grouped into requests, its times moved onto the client clock (``shift`` per row, None
+    when nothing moved; ``untraced``: gpu rows without a host clock in their trace), the
+    services coded, and the defects found so far."""
+
+    table: pa.Table
+    quality: Quality
+    d: Decoded
+    g: Grouping
+    start: np.ndarray
+    end: np.ndarray
+    service: np.ndarray
+    service_values: list[str]
+    shift: np.ndarray | None
+    untraced: np.ndarray | None
+
+
+@dataclass
+class _Joined:
+    """The rows attribution sees (request spans, then gpu copies) and the step join's pairs
+    (``chunk_rows[i]`` launched ``gpu_rows[i]``)."""
+
+    span_rows: np.ndarray
+    chunk_rows: np.ndarray
+    gpu_rows: np.ndarray
+
+
 def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = None,
              borrowed: np.ndarray | None = None) -> Assembly:
-    """Group a span table (``tracer.schema.SPAN_SCHEMA``) into requests.
+    """Group a span table (``tracer.schema.SPAN_SCHEMA``) into requests, in named steps:
+    decode and group (`_grouped`), server clocks onto the client's (`_aligned`), the gpu
+    step join (`_joined`), per-request trees (`_trees`), then the windows and what names
+    each request (`_requests`).
 
     Args:
         table: the spans.
@@ -166,47 +198,79 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         borrowed: per row, whether it is a copy whose original another partition holds
             (its row defects are counted there, not here); None for none.
     """
+    step = _aligned(table, *_grouped(table, borrowed), offsets)
+    joined = _joined(step)
+    spans, windows, fix = _trees(step, joined)
+    requests, token_req, token_ns = _requests(step, windows)
+    d = step.d
+    rows = Rows(table, step.g.row_req, d.stage, step.start, step.end, d.valid, step.service,
+                step.service_values, d.clock_raw, d.clock_values, joined.chunk_rows,
+                joined.gpu_rows, fix)
+    return Assembly(requests, spans, token_req, token_ns, step.quality, rows)
+
+
+def _grouped(table: pa.Table, borrowed: np.ndarray | None
+             ) -> tuple[Quality, Decoded, Grouping]:
+    """Decode every row once, count the row defects (not of ``borrowed`` copies) and the
+    importer's, and group the traces into requests."""
     quality = Quality()
     quality.add("rejected_span", *rejected_spans(table))
     quality.add("estimated_span", *estimated_spans(table))
     d = decode(table)
-    trace, trace_values, start, end, stage = d.trace, d.trace_values, d.start, d.end, d.stage
-    clock_raw, clock_values, is_client, valid = d.clock_raw, d.clock_values, d.is_client, d.valid
-    ev_rows, kind = d.ev_rows, d.kind
     counted = np.ones(table.num_rows, bool) if borrowed is None else ~borrowed
     missing = counted & ~d.present
     quality.add("missing_field", int(missing.sum()), _row_names(table, np.flatnonzero(missing)))
     backwards = counted & d.backwards
-    quality.add("end_before_start", int(backwards.sum()), _examples(trace_values, trace[backwards]))
-    is_event = valid & (stage == CODE["event"])
+    quality.add("end_before_start", int(backwards.sum()),
+                _examples(d.trace_values, d.trace[backwards]))
+    return quality, d, group(table, d)
 
-    g = group(table, d)
-    row_req, n_req, uniq, first_trace = g.row_req, g.n_req, g.uniq, g.first_trace
-    rid_values = g.rid_values
 
-    # Server clocks onto the client clock, before any time is compared across them.
+def _aligned(table: pa.Table, quality: Quality, d: Decoded, g: Grouping,
+             offsets: Sequence[clocks.ClockOffset] | None) -> _Assembling:
+    """Server clocks moved onto the client clock, before any time is compared across
+    them: by ``offsets``, else by those estimated from this table's requests."""
     quality.clocks = list(offsets) if offsets is not None else clocks.offsets_from_bounds([
-        clocks.bounds(row_req, n_req, clock_kinds(d), start, end, clock_raw, clock_values)
+        clocks.bounds(g.row_req, g.n_req, clock_kinds(d), d.start, d.end, d.clock_raw,
+                      d.clock_values)
     ])
     service, service_values = col.codes(table.column("service"))
     shifted = clocks.row_shift_parts(
-        clock_raw, clock_values, quality.clocks, lambda: trace, lambda: service
+        d.clock_raw, d.clock_values, quality.clocks, lambda: d.trace, lambda: service
     )
     shift, untraced = (None, None) if shifted is None else shifted
-    if shift is not None:
-        start, end = start + shift, end + shift
+    start, end = (d.start, d.end) if shift is None else (d.start + shift, d.end + shift)
+    return _Assembling(table, quality, d, g, start, end, service, service_values, shift,
+                       untraced)
 
-    # Spans that can take window time: request traces, no events, no steps; a server's
-    # reported timings only where it exported no spans of the request (measured win).
-    span_rows = np.flatnonzero((row_req >= 0) & ~is_event & (stage != CODE["step"]))
-    span_rows = attributed_rows(span_rows, row_req, n_req, is_client, service, service_values)
-    chunk_rows, gpu_rows, reused = join_gpu(table, stage, row_req, valid, span_rows, start,
-                                             trace, trace_values, shift, untraced)
-    quality.add("reused_step_id", len(reused), _examples(trace_values, trace[reused]))
+
+def _joined(step: _Assembling) -> _Joined:
+    """The spans that can take window time (request traces, no events, no steps; a
+    server's reported timings only where it exported no spans of the request: measured
+    wins) and the gpu spans joined to their chunks by step id."""
+    d, g = step.d, step.g
+    is_event = d.valid & (d.stage == CODE["event"])
+    span_rows = np.flatnonzero((g.row_req >= 0) & ~is_event & (d.stage != CODE["step"]))
+    span_rows = attributed_rows(span_rows, g.row_req, g.n_req, d.is_client, step.service,
+                                step.service_values)
+    chunk_rows, gpu_rows, reused = join_gpu(step.table, d.stage, g.row_req, d.valid, span_rows,
+                                             step.start, d.trace, d.trace_values, step.shift,
+                                             step.untraced)
+    step.quality.add("reused_step_id", len(reused), _examples(d.trace_values, d.trace[reused]))
+    return _Joined(span_rows, chunk_rows, gpu_rows)
+
+
+def _trees(step: _Assembling, joined: _Joined
+           ) -> tuple[Spans, dict[str, np.ndarray], np.ndarray]:
+    """The attributed rows laid out in per-request blocks (`Spans`), their trees resolved;
+    also the ns each gpu copy moves beyond its gpu row (``Rows.gpu_move``)."""
+    d, n_req, table = step.d, step.g.n_req, step.table
+    span_rows, chunk_rows, gpu_rows = joined.span_rows, joined.chunk_rows, joined.gpu_rows
+    row_req, trace, start, end, shift = step.g.row_req, d.trace, step.start, step.end, step.shift
     rows = np.concatenate([span_rows, gpu_rows])
     req = np.concatenate([row_req[span_rows], row_req[chunk_rows]])
-    # Requests laid out by span count, then request: each block of equal counts (_request_blocks)
-    # is then one contiguous run, read as a view instead of gathered.
+    # Requests laid out by span count, then request: each block of equal counts
+    # (_request_blocks) is then one contiguous run, read as a view instead of gathered.
     counts = np.bincount(req, minlength=n_req)
     by_count = np.argsort(counts, kind="stable")
     place = np.empty(n_req, np.int64)
@@ -218,8 +282,8 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     # that launched it: its service's one host clock in the table (`row_shift`) is not
     # what one partition of a dataset shows.
     move, fix = None, np.zeros(len(gpu_rows), np.int64)
-    if untraced is not None and untraced[gpu_rows].any():
-        fix = np.where(untraced[gpu_rows], shift[chunk_rows] - shift[gpu_rows], 0)
+    if step.untraced is not None and step.untraced[gpu_rows].any():
+        fix = np.where(step.untraced[gpu_rows], shift[chunk_rows] - shift[gpu_rows], 0)
         move = np.concatenate([np.zeros(n_plain, np.int64), fix])[order]
     is_copy = order >= n_plain
     # Ids are read at these rows only (events and the engine's own spans never need
@@ -240,8 +304,8 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         req=req,
         start_ns=start[rows] if move is None else start[rows] + move,
         end_ns=end[rows] if move is None else end[rows] + move,
-        stage=np.where(is_copy, CODE["gpu"], stage[rows]).astype(np.int8),
-        client=is_client[rows],
+        stage=np.where(is_copy, CODE["gpu"], d.stage[rows]).astype(np.int8),
+        client=d.is_client[rows],
         sid_hi=sid_hi,
         sid_lo=sid_lo,
         parent=np.full(len(rows), -1, np.int32),
@@ -250,7 +314,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         counts=counts,
         offsets=offsets,
         trace=trace[rows],
-        trace_values=trace_values,
+        trace_values=d.trace_values,
     )
     # Span ids are unique per trace: a span is its (trace, id), and a gpu copy, which keeps
     # its engine trace, finds its parent (its chunk) in the chunk's trace.
@@ -259,32 +323,39 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
     copies = np.flatnonzero(is_copy)
     parent_trace[copies] = trace[chunk_rows[order[copies] - n_plain]]
     windows = resolve_trees(spans, has_sid, (p_hi, p_lo, parent_trace), has_parent, n_req,
-                            span_trace, trace_values)
+                            span_trace, d.trace_values)
+    return spans, windows, fix
 
-    # Events: boundary ends and client token times.
-    ev_req = row_req[ev_rows]
-    ev_t = start[ev_rows]
+
+def _requests(step: _Assembling, windows: dict[str, np.ndarray]
+              ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """One row per request: its window ends (from the trees and the boundary events), what
+    names it, its condition and outcome, with the tree and clock defects counted; and the
+    client's token times (request, ns)."""
+    d, g, table, quality = step.d, step.g, step.table, step.quality
+    row_req, n_req, start = g.row_req, g.n_req, step.start
+    ev_req = row_req[d.ev_rows]
+    ev_t = start[d.ev_rows]
     firsts = {}
     for i, name in enumerate((EV_FIRST_TOKEN, EV_FIRST_BYTE, EV_FIRST_SAMPLED)):
-        m = (kind == i) & (ev_req >= 0)
+        m = (d.kind == i) & (ev_req >= 0)
         out = np.full(n_req, MAX_NS, np.int64)
         np.minimum.at(out, ev_req[m], ev_t[m])
         firsts[name] = np.where(out == MAX_NS, NONE_NS, out)
-    tok = ((kind == 0) | (kind == 3)) & (ev_req >= 0) & is_client[ev_rows]
-    token_req, token_ns = ev_req[tok], ev_t[tok]
+    tok = ((d.kind == 0) | (d.kind == 3)) & (ev_req >= 0) & d.is_client[d.ev_rows]
 
     requests = _windows(windows, firsts, n_req)
-    requests.insert(0, "trace_id", np.asarray(trace_values, dtype=object)[first_trace])
-    requests.insert(1, "request_id", _request_ids(uniq, rid_values))
-    requests.insert(2, "condition", _conditions(table, row_req, stage, n_req))
-    client_rows = np.flatnonzero(valid & (row_req >= 0) & (stage == CODE["client"]))
+    requests.insert(0, "trace_id", np.asarray(d.trace_values, dtype=object)[g.first_trace])
+    requests.insert(1, "request_id", _request_ids(g.uniq, g.rid_values))
+    requests.insert(2, "condition", _conditions(table, row_req, d.stage, n_req))
+    client_rows = np.flatnonzero(d.valid & (row_req >= 0) & (d.stage == CODE["client"]))
     outcome, status, error = request_outcomes(
         table.column("attributes"), client_rows, row_req, n_req, start
     )
     requests.insert(3, "outcome", outcome)
     requests.insert(4, "status_code", status)
     requests.insert(5, "error", error)
-    _add_tree_examples(quality, windows, trace_values, first_trace,
+    _add_tree_examples(quality, windows, d.trace_values, g.first_trace,
                        cut=outcome == OUTCOME_CANCELLED)
     clock_shift = (
         (requests["client_root"].to_numpy() >= 0)
@@ -295,9 +366,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         & (windows["server_start"] < windows["client_start"])
     )
     quality.add("clock_shift", int(clock_shift.sum()), requests["trace_id"][clock_shift])
-    rows = Rows(table, row_req, stage, start, end, valid, service, service_values, clock_raw,
-                clock_values, chunk_rows, gpu_rows, fix)
-    return Assembly(requests, spans, token_req, token_ns, quality, rows)
+    return requests, ev_req[tok], ev_t[tok]
 
 
 def _add_tree_examples(
