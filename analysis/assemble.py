@@ -173,16 +173,6 @@ class _Assembling:
     untraced: np.ndarray | None
 
 
-@dataclass
-class _Joined:
-    """The rows attribution sees (request spans, then gpu copies) and the step join's pairs
-    (``chunk_rows[i]`` launched ``gpu_rows[i]``)."""
-
-    span_rows: np.ndarray
-    chunk_rows: np.ndarray
-    gpu_rows: np.ndarray
-
-
 def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = None,
              borrowed: np.ndarray | None = None) -> Assembly:
     """Group a span table (``tracer.schema.SPAN_SCHEMA``) into requests, in named steps:
@@ -199,13 +189,12 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
             (its row defects are counted there, not here); None for none.
     """
     step = _aligned(table, *_grouped(table, borrowed), offsets)
-    joined = _joined(step)
-    spans, windows, fix = _trees(step, joined)
+    span_rows, chunk_rows, gpu_rows = _joined(step)
+    spans, windows, fix = _trees(step, span_rows, chunk_rows, gpu_rows)
     requests, token_req, token_ns = _requests(step, windows)
     d = step.d
     rows = Rows(table, step.g.row_req, d.stage, step.start, step.end, d.valid, step.service,
-                step.service_values, d.clock_raw, d.clock_values, joined.chunk_rows,
-                joined.gpu_rows, fix)
+                step.service_values, d.clock_raw, d.clock_values, chunk_rows, gpu_rows, fix)
     return Assembly(requests, spans, token_req, token_ns, step.quality, rows)
 
 
@@ -244,10 +233,11 @@ def _aligned(table: pa.Table, quality: Quality, d: Decoded, g: Grouping,
                        untraced)
 
 
-def _joined(step: _Assembling) -> _Joined:
-    """The spans that can take window time (request traces, no events, no steps; a
-    server's reported timings only where it exported no spans of the request: measured
-    wins) and the gpu spans joined to their chunks by step id."""
+def _joined(step: _Assembling) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(span_rows, chunk_rows, gpu_rows)``: the spans that can take window time (request
+    traces, no events, no steps; a server's reported timings only where it exported no
+    spans of the request: measured wins) and the step join's pairs (``chunk_rows[i]``
+    launched ``gpu_rows[i]``)."""
     d, g = step.d, step.g
     is_event = d.valid & (d.stage == CODE["event"])
     span_rows = np.flatnonzero((g.row_req >= 0) & ~is_event & (d.stage != CODE["step"]))
@@ -257,15 +247,14 @@ def _joined(step: _Assembling) -> _Joined:
                                              step.start, d.trace, d.trace_values, step.shift,
                                              step.untraced)
     step.quality.add("reused_step_id", len(reused), _examples(d.trace_values, d.trace[reused]))
-    return _Joined(span_rows, chunk_rows, gpu_rows)
+    return span_rows, chunk_rows, gpu_rows
 
 
-def _trees(step: _Assembling, joined: _Joined
-           ) -> tuple[Spans, dict[str, np.ndarray], np.ndarray]:
+def _trees(step: _Assembling, span_rows: np.ndarray, chunk_rows: np.ndarray,
+           gpu_rows: np.ndarray) -> tuple[Spans, dict[str, np.ndarray], np.ndarray]:
     """The attributed rows laid out in per-request blocks (`Spans`), their trees resolved;
     also the ns each gpu copy moves beyond its gpu row (``Rows.gpu_move``)."""
     d, n_req, table = step.d, step.g.n_req, step.table
-    span_rows, chunk_rows, gpu_rows = joined.span_rows, joined.chunk_rows, joined.gpu_rows
     row_req, trace, start, end, shift = step.g.row_req, d.trace, step.start, step.end, step.shift
     rows = np.concatenate([span_rows, gpu_rows])
     req = np.concatenate([row_req[span_rows], row_req[chunk_rows]])

@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from ttft.analysis.part import ReportInputs, analyze_part, merge
 from ttft.analysis.regime import regime_setup
-from ttft.analysis.result import Analysis, table_inputs
-from ttft.tracer.schema import run_metadata
+from ttft.analysis.result import Analysis
+from ttft.tracer.schema import read_inputs, run_metadata
 
 __all__ = ["Analysis", "analyze"]
 
@@ -54,5 +54,5 @@ def analyze(
     setup = None if regime is None else regime_setup(table, metadata, **regime)
     report = None if setup is None else ReportInputs(None, setup)
     part = analyze_part(table, boundary=boundary, policy=policy, report=report, keep=True)
-    return merge([part], metadata=metadata, trace=trace, slo=slo, inputs=table_inputs(table),
+    return merge([part], metadata=metadata, trace=trace, slo=slo, inputs=read_inputs(table),
                  regime=setup)

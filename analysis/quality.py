@@ -11,7 +11,6 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import pandas as pd
 import pyarrow as pa
 
 from ttft.analysis.clock_offset import ClockOffset
@@ -94,17 +93,6 @@ class Quality:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per defect: ``defect``, ``count``, ``meaning``, ``examples``."""
-        return pd.DataFrame(
-            {
-                "defect": list(DEFECTS),
-                "count": [self.counts[d] for d in DEFECTS],
-                "meaning": [MEANING[d] for d in DEFECTS],
-                "examples": [", ".join(self.examples[d]) for d in DEFECTS],
-            }
-        )
 
 
 def rejected_spans(table: pa.Table) -> tuple[int, list[str]]:

@@ -7,7 +7,6 @@ this one type (``analysis.part.merge`` makes it in both), equal field for field 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,15 +18,8 @@ from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.regime import RegimeSetup
 from ttft.analysis.summary import Summary
-from ttft.tracer.schema import INPUTS_KEY
 
-__all__ = ["Analysis", "ReportRows", "table_inputs"]
-
-
-def table_inputs(table: pa.Table) -> list[dict[str, Any]] | None:
-    """What was read to make ``table`` (``ttft.collectors.read_inputs``), or None."""
-    raw = (table.schema.metadata or {}).get(INPUTS_KEY)
-    return json.loads(raw) if raw else None
+__all__ = ["Analysis", "ReportRows"]
 
 
 @dataclass

@@ -10,7 +10,6 @@ may hold a vLLM server's spans: the mapping applies to ttft's format too.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import stat
@@ -19,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import pyarrow as pa
 
@@ -35,7 +34,7 @@ from ttft.collectors.errors import TraceFileError
 from ttft.collectors.importers import IMPORTERS
 from ttft.collectors.importers._base import MAX_DECOMPRESSED_BYTES, head
 from ttft.collectors.importers.mapping import StageMapping, default_mapping, load_mapping
-from ttft.tracer.schema import INPUTS_KEY, OWN_ROWS_KEY, run_metadata, with_run_metadata
+from ttft.tracer.schema import OWN_ROWS_KEY, read_inputs, run_metadata, with_run_metadata
 
 __all__ = ["FIFO_WAIT_S", "STDIN", "guess_format", "read_inputs", "read_spans", "run_metadata"]
 
@@ -222,13 +221,3 @@ def _spooled(path: str | os.PathLike[str]) -> Iterator[tuple[str, Path]]:
         except OSError as exc:
             raise TraceFileError(shown, f"cannot read ({exc.strerror or exc})") from None
         yield shown, copy
-
-
-def read_inputs(table: pa.Table) -> list[dict[str, Any]] | None:
-    """What :func:`read_spans` read to make ``table``, when it was a directory of runs or an
-    unfinished run (a writer's parts and log): per run its ``path``, ``state``
-    (``finished`` or ``unfinished``) and ``spans``, and for an unfinished run its ``parts``,
-    ``log_segments``, ``log_records`` and ``torn_bytes`` (an incomplete last record, left
-    out); None for a single finished file or another format."""
-    raw = (table.schema.metadata or {}).get(INPUTS_KEY)
-    return json.loads(raw) if raw else None

@@ -22,7 +22,7 @@ METADATA_KEY: Final[bytes] = b"ttft"
 
 INPUTS_KEY: Final[bytes] = b"ttft.inputs"
 """Schema metadata key of a table read from several runs or an unfinished one: what was read
-(a JSON list; see ``ttft.collectors.read_inputs``). Never written to a file."""
+(a JSON list; see `read_inputs`). Never written to a file."""
 
 OWN_ROWS_KEY: Final[bytes] = b"ttft.own_rows"
 """Schema metadata key of one partition of a dataset read alone (``read_spans(path,
@@ -41,6 +41,16 @@ def run_metadata(table: pa.Table | pa.Schema) -> dict[str, Any]:
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def read_inputs(table: pa.Table) -> list[dict[str, Any]] | None:
+    """What ``read_spans`` read to make ``table``, when it was a directory of runs or an
+    unfinished run (a writer's parts and log): per run its ``path``, ``state``
+    (``finished`` or ``unfinished``) and ``spans``, and for an unfinished run its ``parts``,
+    ``log_segments``, ``log_records`` and ``torn_bytes`` (an incomplete last record, left
+    out); None for a single finished file or another format."""
+    raw = (table.schema.metadata or {}).get(INPUTS_KEY)
+    return json.loads(raw) if raw else None
 
 
 def with_run_metadata(table: pa.Table, metadata: Mapping[str, Any]) -> pa.Table:

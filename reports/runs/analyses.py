@@ -46,7 +46,7 @@ from ttft.analysis.part import (
     survey,
 )
 from ttft.analysis.regime import RegimeSetup, regime_setup
-from ttft.analysis.result import Analysis, table_inputs
+from ttft.analysis.result import Analysis
 from ttft.collectors.location import TraceLocation
 from ttft.reports.report_data import (
     ReportData,
@@ -56,7 +56,7 @@ from ttft.reports.report_data import (
     request_spans,
     waterfall,
 )
-from ttft.tracer.schema import run_metadata
+from ttft.tracer.schema import read_inputs, run_metadata
 
 __all__ = ["DaskMissing", "InProcess", "OnDask", "Runner", "analyze_location",
            "compare_locations", "report_location", "runner"]
@@ -180,21 +180,14 @@ def _survey_task(location: TraceLocation, piece: Piece) -> Survey:
     return survey(_table(location, piece))
 
 
-@dataclass
-class _Whole:
-    """The first pass of a trace in one piece: no survey, only what the merge echoes."""
-
-    metadata: dict[str, Any]
-    inputs: list[dict[str, Any]] | None
-    regime: RegimeSetup | None
-
-
 def _whole_task(location: TraceLocation, piece: Piece, options: Mapping[str, Any] | None
-                ) -> _Whole:
+                ) -> tuple[dict[str, Any], list[dict[str, Any]] | None, RegimeSetup | None]:
+    """The first pass of a trace in one piece (no survey): what the merge echoes, its run
+    metadata and inputs, and the regime set up by ``options`` (None: none)."""
     table = _table(location, piece)
     metadata = run_metadata(table)
     setup = None if options is None else regime_setup(table, metadata, **options)
-    return _Whole(metadata, table_inputs(table), setup)
+    return metadata, read_inputs(table), setup
 
 
 def _part_task(location: TraceLocation, piece: Piece, offsets: Sequence[ClockOffset] | None,
@@ -245,8 +238,8 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
         if regime is not None and rows:
             steps = run.share(global_steps(surveys, offsets))
     else:
-        (whole,) = run.map(_whole_task, location, pieces, regime, on_done=on_done)
-        metadata, inputs, setup = whole.metadata, whole.inputs, whole.regime
+        ((metadata, inputs, setup),) = run.map(_whole_task, location, pieces, regime,
+                                               on_done=on_done)
     report = None if regime is None else ReportInputs(None, setup, rows)
     keep = getattr(run, "keeps", False)
     parts = run.map(_part_task, location, pieces, offsets, boundary, policy, report, steps,
