@@ -184,6 +184,7 @@ def collect(
     listen = _Listen(host, None if no_http else http_port, None if no_grpc else grpc_port,
                      token)
     if partitions is None:
+        _refuse_dataset(out)
         _receive(out, listen, duration)
         return
     if partitions < 1:
@@ -223,6 +224,22 @@ def _collect_dataset(out: Path, partitions: int, listen: _Listen,
         err.print(plain(describe_written(written)), soft_wrap=True)
 
 
+def _refuse_dataset(out: Path) -> None:
+    """A plain collect never writes into a partitioned dataset: no reader reads a trace
+    file beside its partitions, and the next collect --partitions would swap it away.
+
+    Raises:
+        typer.Exit: code 2, naming the --partitions run that collects into it.
+    """
+    from ttft.collectors import dataset_info, is_dataset
+
+    if out.is_dir() and is_dataset(out):
+        n = dataset_info(out)["partitions"]
+        raise fail(f"{out}: a partitioned dataset; collect into it with --partitions {n} "
+                   "(spans are staged in it and partitioned in at the stop), or into "
+                   "another directory")
+
+
 def _check_dataset(out: Path, partitions: int) -> None:
     """Refuse an ``out`` that is not new, empty, or a dataset of ``partitions`` (with or
     without the staging of a killed collect); say when staged runs will be partitioned in.
@@ -230,7 +247,9 @@ def _check_dataset(out: Path, partitions: int) -> None:
     Raises:
         ValueError: the message says what ``out`` is.
     """
-    from ttft.collectors import is_dataset
+    import re
+
+    from ttft.collectors import DATASET_FILE, is_dataset
     from ttft.collectors.staging import STAGING_DIR, staging_path
     from ttft.reports.runs.partitioned import check_partitions
 
@@ -240,6 +259,15 @@ def _check_dataset(out: Path, partitions: int) -> None:
         raise ValueError(f"{out}: neither a ttft dataset nor empty; collect a dataset into a "
                          "new or empty directory, or one an earlier collect --partitions wrote")
     check_partitions(out, partitions)
+    # The swap replaces the whole directory: whatever is not the dataset's would be lost.
+    foreign = sorted(child.name for child in out.iterdir()
+                     if child.name not in (DATASET_FILE, STAGING_DIR)
+                     and not re.fullmatch(r"part=\d+", child.name))
+    if foreign:
+        raise ValueError(f"{out}: holds {', '.join(foreign[:3])}"
+                         f"{' and more' if len(foreign) > 3 else ''}, which is not part of the "
+                         "dataset and would be lost when the new dataset is swapped in; move "
+                         "it out first")
     staging = staging_path(out)
     earlier = sorted(staging.iterdir()) if staging.is_dir() else []
     if earlier:

@@ -310,3 +310,35 @@ def test_a_second_collect_into_a_dataset_being_collected_is_refused(tmp_path):
     assert result.stderr.startswith(f"error: {out}: another ttft collect is writing this "
                                     "dataset (it holds "), result.stderr
     assert not out.exists()
+
+
+def test_a_plain_collect_into_a_dataset_is_refused_and_writes_nothing(tmp_path, trace):
+    """No span is acknowledged into a file no reader of the dataset reads (issue 37)."""
+    out = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", str(trace[0]), "-o", str(out),
+                                 "--partitions", "2"])
+    assert result.exit_code == 0, result.output
+    before = sorted(p.name for p in out.iterdir())
+    result = runner.invoke(app, ["collect", "-o", str(out), "--http-port", "0",
+                                 "--grpc-port", "0", "--duration", "0"])
+    assert (result.exit_code, result.stderr) == (
+        2, f"error: {out}: a partitioned dataset; collect into it with --partitions 2 (spans "
+           "are staged in it and partitioned in at the stop), or into another directory\n")
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_collect_into_a_dataset_holding_a_foreign_file_keeps_it(tmp_path, trace):
+    """The swap replaces the dataset's directory: a trace someone put there is not lost
+    with it; the collect is refused before it listens."""
+    out = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", str(trace[0]), "-o", str(out),
+                                 "--partitions", "2"])
+    assert result.exit_code == 0, result.output
+    stray = out / "collect-1.parquet"
+    stray.write_bytes(trace[0].read_bytes())
+    result = runner.invoke(app, ["collect", "-o", str(out), "--partitions", "2",
+                                 "--http-port", "0", "--grpc-port", "0", "--duration", "0"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {out}: holds collect-1.parquet, which is not "
+                                    "part of the dataset") and result.stderr.count("\n") == 1
+    assert stray.read_bytes() == trace[0].read_bytes()
