@@ -97,6 +97,7 @@ def load_trace(
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"{exc.filename or path}: {exc.strerror or exc}") from None
+    note_staged(path)
     inputs = read_inputs(table)
     if inputs is not None:
         err.print(plain(describe_inputs(path, inputs)), soft_wrap=True)
@@ -107,6 +108,24 @@ def load_trace(
     if note is not None:
         err.print(plain(note), soft_wrap=True)
     return table, metadata
+
+
+def note_staged(path: Path) -> None:
+    """Say so when a dataset holds spans a collect staged and has not partitioned in yet
+    (it was killed, or is still running): a reader of the dataset does not see them."""
+    from ttft.collectors import dataset_info, is_dataset
+    from ttft.collectors.staging import staging_path
+
+    staging = staging_path(Path(path))
+    if not (is_dataset(path) and staging.is_dir()):
+        return
+    runs = [child for child in staging.iterdir() if not child.name.startswith(".")]
+    if runs:
+        n = dataset_info(path)["partitions"]
+        err.print(plain(f"{staging}: {_count(len(runs), 'run')} of spans a collect staged "
+                        "and has not partitioned in (killed, or still running): not in "
+                        f"this analysis; ttft collect -o {path} --partitions {n} partitions them "
+                        "in"), soft_wrap=True)
 
 
 def _count(n: int, word: str) -> str:

@@ -20,7 +20,14 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ttft.reports.cli._app import err, fail, load_trace, model_config_fields, progress
+from ttft.reports.cli._app import (
+    err,
+    fail,
+    load_trace,
+    model_config_fields,
+    note_staged,
+    progress,
+)
 
 _PASSES = 2
 """Tasks per partition the progress bar counts (the clock pass, then the analysis)."""
@@ -61,6 +68,8 @@ def analysed(traces: Sequence[Path], *, format: str | None, mapping: Path | None
                 yield Where(here, locations, None)
             return
         _refuse_plain(traces, format)
+        for trace in traces:
+            note_staged(trace)
         locations = [TraceLocation(str(trace), format, named) for trace in traces]
         n = sum(location.partitions() for location in locations)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

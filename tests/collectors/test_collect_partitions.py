@@ -224,6 +224,11 @@ def test_a_killed_collect_is_finished_by_the_next_and_a_second_one_adds_its_span
     _run(out, exports[2 * third:], signal.SIGKILL)
     assert _rows(read_spans(out)) == _rows(done)  # the finished dataset, read as it was
     assert (out / STAGING_DIR).is_dir()
+    analysed = runner.invoke(app, ["analyze", str(out)])  # and says what it leaves out
+    assert analysed.exit_code == 0, analysed.output
+    assert (f"{out / STAGING_DIR}: 1 run of spans a collect staged and has not partitioned "
+            f"in (killed, or still running): not in this analysis; ttft collect -o {out} "
+            "--partitions ") in analysed.stderr
 
     result = subprocess.run([sys.executable, "-m", "ttft.reports.cli", "collect", "-o",
                              str(out), "--partitions", str(PARTITIONS), "--http-port", "0",
