@@ -7,6 +7,8 @@ crossed) and by the lane labels.
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import plotly.graph_objects as go
 
@@ -31,6 +33,15 @@ _BELOW = dict(orientation="h", x=0, xanchor="left", yref="container", y=0, yanch
 # Waterfall event labels are laid out for the narrowest plot area (on a 900 px page), at
 # one 10 px character's width, tried at these vertical offsets in turn, on lanes this high.
 _PLOT_PX, _LABEL_PX, _SHIFTS_PX, _LANE_PX = 600, 6.5, (0, 16, -16), 48
+
+
+def _plain(values):
+    """Text from the trace as plotly shows it literally: plotly reads a subset of HTML in
+    every label, hover and title (``<a href>``, ``<span style>``), so ``&``, ``<`` and ``>``
+    go in as entities, which it shows as the characters. A string, or each of a sequence."""
+    if isinstance(values, str):
+        return html.escape(values, quote=False)
+    return [html.escape(str(v), quote=False) for v in values]
 
 
 def _title(what: str, detail: str = "") -> dict:
@@ -149,7 +160,7 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
     for stage in _stage_order(set(spans["stage"])):
         part = spans[spans["stage"] == stage]
         fig.add_bar(
-            y=part["lane"],
+            y=_plain(part["lane"]),
             x=(part["end_ms"] - part["start_ms"]).clip(lower=1e-3),
             base=part["start_ms"],
             orientation="h",
@@ -158,7 +169,8 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
                 color=colour(stage), pattern_shape=[_PATTERN[clock_kind(c)] for c in part["clock"]]
             ),
             customdata=np.stack(
-                [part["name"], part["clock"], part["end_ms"] - part["start_ms"]], axis=1
+                [_plain(part["name"]), _plain(part["clock"]), part["end_ms"] - part["start_ms"]],
+                axis=1,
             ),
             hovertemplate="<b>%{customdata[0]}</b> (" + stage + ")<br>clock %{customdata[1]}"
             "<br>%{base:,.3f} → %{x:,.3f} ms<br>duration %{customdata[2]:,.3f} ms"
@@ -177,7 +189,7 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
         boundary_event = [name in BOUNDARY_EVENTS for name, _, _ in w.events]
         fig.add_scatter(
             x=[t for _, _, t in w.events],
-            y=ys,
+            y=_plain(ys),
             mode="markers",
             marker=dict(
                 symbol="diamond",
@@ -186,8 +198,8 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
                 line=dict(color="#fff", width=1),
             ),
             name="events",
-            text=[name for name, _, _ in w.events],
-            customdata=[clock for _, clock, _ in w.events],
+            text=_plain([name for name, _, _ in w.events]),
+            customdata=_plain([clock for _, clock, _ in w.events]),
             hovertemplate="<b>%{text}</b> at %{x:,.3f} ms (clock %{customdata})<extra></extra>",
         )
         for (name, _, t_ms), y, (shift, right) in zip(
@@ -195,8 +207,8 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
         ):
             fig.add_annotation(
                 x=t_ms,
-                y=y,
-                text=name,
+                y=_plain(y),
+                text=_plain(name),
                 showarrow=False,
                 font=dict(size=10),
                 bgcolor="rgba(255,255,255,0.75)",
@@ -210,10 +222,11 @@ def waterfall(w: Waterfall, boundary: str) -> go.Figure:
         _LAYOUT,
         title=_title(
             f"The {w.label} request: TTFT {w.ttft_ms:,.2f} ms ({cond})",
-            w.tag,
+            _plain(w.tag),
         ),
         xaxis_title=f"ms from the start of the {boundary} window (shaded)",
-        yaxis=dict(categoryorder="array", categoryarray=order[::-1], title="worker · lane"),
+        yaxis=dict(categoryorder="array", categoryarray=_plain(order[::-1]),
+                   title="worker · lane"),
         # Focus on the window; spans running on past it (to the last byte) are cut off.
         xaxis_range=x_range,
         barmode="overlay",
@@ -374,7 +387,7 @@ def roofline(data: ReportData) -> go.Figure | None:
             mode="lines",
             line=dict(color="#111", width=2),
             name=f"roofline: {peaks.flops_per_s / 1e12:,.3g} TFLOP/s, "
-            f"{peaks.bytes_per_s / 1e9:,.3g} GB/s ({peaks.source})",
+            f"{peaks.bytes_per_s / 1e9:,.3g} GB/s ({_plain(peaks.source)})",
             hoverinfo="skip",
         )
         # A trace, not add_vline: plotly places shape annotations on log axes at 10**x.
@@ -390,7 +403,7 @@ def roofline(data: ReportData) -> go.Figure | None:
     device = peaks.device if peaks is not None else found.device_name or "unknown device"
     fig.update_layout(
         _LAYOUT,
-        title=_title(f"Prefill chunks on the roofline of {device}"),
+        title=_title(f"Prefill chunks on the roofline of {_plain(device)}"),
         xaxis=dict(type="log", title="arithmetic intensity (FLOP per byte moved)"),
         yaxis=dict(type="log", title="achieved TFLOP/s"),
         **_legend_below(fig, 440),
