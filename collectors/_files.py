@@ -145,9 +145,12 @@ def replace_bytes(dest: Path, data: bytes) -> None:
     fsync(dest.parent)
 
 
-def write_atomic(dest: Path, table: pa.Table, metadata_json: bytes) -> None:
+def write_atomic(dest: Path, table: pa.Table, metadata_json: bytes,
+                 extra: dict[bytes, bytes] | None = None) -> None:
     """Write ``table`` to ``dest`` via a temporary dot-name, so ``dest`` is always whole
-    (`_replacing`; the directory is not fsynced here)."""
+    (`_replacing`; the directory is not fsynced here); ``extra`` schema metadata beside
+    the run metadata."""
     with _replacing(dest) as tmp:
-        table = by_trace(table).replace_schema_metadata({METADATA_KEY: metadata_json})
+        table = by_trace(table).replace_schema_metadata({METADATA_KEY: metadata_json,
+                                                         **(extra or {})})
         pq.write_table(table, tmp, **WRITE_OPTIONS)

@@ -38,6 +38,7 @@ import json
 import os
 import re
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ttft.collectors._files import fsync, replace_bytes, write_atomic
 from ttft.collectors.errors import TraceFileError
@@ -54,7 +56,9 @@ from ttft.tracer.schema import SCHEMA_VERSION, run_metadata
 
 __all__ = [
     "DATASET_FILE",
+    "PARTITION_KEY",
     "STAGING_DIR",
+    "checked_dataset",
     "dataset_info",
     "is_dataset",
     "is_url",
@@ -70,6 +74,9 @@ STAGING_DIR = "_incoming"
 
 FORMAT, VERSION = "ttft-dataset", 1
 SPANS_FILE, BORROWED_FILE = "spans.parquet", "borrowed.parquet"
+PARTITION_KEY = b"ttft.partition"
+"""Schema metadata of a partition's files: ``{"dataset": <id>, "partition": K,
+"partitions": N, "file": <name>}``, checked against where the file lies."""
 _PART_PREFIX = "part="
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -140,13 +147,16 @@ def _json_bytes(value: Mapping[str, Any]) -> bytes:
 
 
 def _write_partition(folder: Path, table: pa.Table, own: np.ndarray, borrowed: np.ndarray,
-                     metadata_json: bytes) -> None:
-    """``folder`` (``part=K``) with its ``spans.parquet`` and, if any, ``borrowed.parquet``."""
+                     metadata_json: bytes, identity: dict[str, Any]) -> None:
+    """``folder`` (``part=K``) with its ``spans.parquet`` and, if any, ``borrowed.parquet``,
+    each saying which dataset and partition it belongs to (`PARTITION_KEY`)."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / SPANS_FILE, table.take(pa.array(own, pa.int64())), metadata_json)
+    write_atomic(folder / SPANS_FILE, table.take(pa.array(own, pa.int64())), metadata_json,
+                 {PARTITION_KEY: _json_bytes({**identity, "file": SPANS_FILE})})
     if borrowed.size:
         write_atomic(folder / BORROWED_FILE, table.take(pa.array(borrowed, pa.int64())),
-                     metadata_json)
+                     metadata_json, {PARTITION_KEY: _json_bytes({**identity,
+                                                                  "file": BORROWED_FILE})})
     fsync(folder)  # the renames into it are durable before the dataset file names it
 
 
@@ -198,14 +208,16 @@ def write_dataset(
     others = _json_bytes({k: v for k, v in run.items() if k not in COUNTED})
     owned = _groups(owner, np.arange(table.num_rows, dtype=np.int64), partitions)
     borrowed = _groups(copy_partitions, copy_rows, partitions)
+    dataset_id = uuid.uuid4().hex
     info = _json_bytes({"format": FORMAT, "version": VERSION, "partitions": partitions,
-                        "key": key, "schema_version": SCHEMA_VERSION,
+                        "key": key, "schema_version": SCHEMA_VERSION, "id": dataset_id,
                         "spans": table.num_rows, "copies": int(copy_rows.size),
                         "metadata": run})
     with _target(out) as (put, finish):
         for k in range(partitions):
             put(k, lambda folder, k=k: _write_partition(
-                folder, table, owned[k], borrowed[k], first if k == 0 else others))
+                folder, table, owned[k], borrowed[k], first if k == 0 else others,
+                {"dataset": dataset_id, "partition": k, "partitions": partitions}))
         finish(info)
     return out if is_url(out) else Path(out)
 
@@ -373,14 +385,97 @@ def read_partition(path: str | os.PathLike[str], k: int) -> tuple[pa.Table, int]
     return own, count
 
 
+def _check_identity(info: Mapping[str, Any], path: str | os.PathLike[str], k: int,
+                    name: str, schema: pa.Schema) -> None:
+    """Refuse a partition file that says it belongs to another dataset or partition (one
+    copied over another); a dataset written before files said so is not checked."""
+    raw = (schema.metadata or {}).get(PARTITION_KEY)
+    if "id" not in info or raw is None:
+        return
+    said = json.loads(raw)
+    want = {"dataset": info["id"], "partition": k, "partitions": info["partitions"],
+            "file": name}
+    if said != want:
+        where = f"partition {said.get('partition')} of dataset {said.get('dataset')}"
+        raise TraceFileError(_shown(path, f"{_partition_name(k)}/{name}"),
+                             f"belongs to {where}, not here (partition {k} of {info['id']}): "
+                             "the dataset was changed after it was written; write it again")
+
+
+def _footer(path: str | os.PathLike[str], name: str) -> tuple[int, pa.Schema] | None:
+    """``(rows, schema)`` from the Parquet footer of ``path/name``; None when absent."""
+    try:
+        if is_url(path):
+            fs, root = _filesystem(os.fspath(path))
+            with fs.open(f"{root}/{name}", "rb") as handle:
+                meta = pq.read_metadata(handle)
+        else:
+            meta = pq.read_metadata(Path(path) / name)
+    except FileNotFoundError:
+        return None
+    except (OSError, pa.ArrowException) as exc:
+        raise TraceFileError(_shown(path, name), f"not a readable Parquet file ({exc})") from None
+    return meta.num_rows, meta.schema.to_arrow_schema()
+
+
+def checked_dataset(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """`dataset_info`, with the dataset checked against it before any partition is read:
+    exactly ``part=0`` … ``part=N-1``, their own and borrowed rows summing to its
+    ``spans`` and ``copies``, each file in its own place (`PARTITION_KEY`). One process and
+    a cluster's driver both call this, so a changed dataset gives one error either way.
+
+    Raises:
+        TraceFileError: as `dataset_info`, or the dataset does not match it (the message
+            says how).
+    """
+    info = dataset_info(path)
+    n = int(info["partitions"])
+    found = sorted(_partition_dirs(path))
+    if len(found) != n or (found and found[-1] != n - 1):  # never a list of N: N may be huge
+        extra = [k for k in found if k >= n]
+        have = set(found)
+        missing = [k for k in range(min(n, len(found) + 3)) if k not in have][:3]
+        what = (f"holds part={extra[0]} beyond" if extra else
+                f"lacks part={', part='.join(map(str, missing))} of")
+        raise TraceFileError(path, f"{what} the {n} partitions its {DATASET_FILE} says: "
+                                   "changed after it was written; write it again")
+    counts = {"spans": 0, "copies": 0}
+    for k in range(n):
+        for name, key in ((SPANS_FILE, "spans"), (BORROWED_FILE, "copies")):
+            footer = _footer(path, f"{_partition_name(k)}/{name}")
+            if footer is None and name == SPANS_FILE:
+                raise TraceFileError(_shown(path, f"{_partition_name(k)}/{name}"),
+                                     "does not exist; write the dataset again")
+            if footer is not None:
+                counts[key] += footer[0]
+                _check_identity(info, path, k, name, footer[1])
+    for key, got in counts.items():
+        if key in info and got != info[key]:
+            raise TraceFileError(path, f"its partitions hold {got:,} {key}, its {DATASET_FILE} "
+                                       f"says {info[key]:,}: changed after it was written "
+                                       "(a file removed or replaced); write it again")
+    return info
+
+
+def _partition_dirs(path: str | os.PathLike[str]) -> list[int]:
+    """The K of every ``part=K`` directory of the dataset."""
+    if is_url(path):
+        fs, root = _filesystem(os.fspath(path))
+        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(root, detail=False)]
+    else:
+        names = [child.name for child in Path(path).iterdir() if child.is_dir()]
+    return [int(name[len(_PART_PREFIX):]) for name in names
+            if name.startswith(_PART_PREFIX) and name[len(_PART_PREFIX):].isdigit()]
+
+
 def read_dataset(path: str | os.PathLike[str]) -> pa.Table:
     """Every partition's own rows, in partition order (the input's rows, each once), with
     partition 0's run metadata; :func:`ttft.collectors.read_spans` reads a dataset so.
 
     Raises:
-        TraceFileError: as :func:`dataset_info` and :func:`read_partition`.
+        TraceFileError: as :func:`checked_dataset` and :func:`read_partition`.
     """
-    info = dataset_info(path)
+    info = checked_dataset(path)
     tables = [_read_file(path, f"{_partition_name(k)}/{SPANS_FILE}")
               for k in range(info["partitions"])]
     return pa.concat_tables(tables).replace_schema_metadata(tables[0].schema.metadata)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ttft.collectors.dataset import dataset_info
+from ttft.collectors.dataset import checked_dataset
 
 __all__ = ["TraceLocation"]
 
@@ -40,12 +40,13 @@ class TraceLocation:
         return self.path
 
     def partitions(self) -> int:
-        """The dataset's partition count.
+        """The dataset's partition count, the dataset checked against its dataset file
+        (``checked_dataset``), as reading it whole checks it.
 
         Raises:
-            TraceFileError: not a readable dataset.
+            TraceFileError: not a readable dataset, or one changed after it was written.
         """
-        return int(dataset_info(self.path)["partitions"])
+        return int(checked_dataset(self.path)["partitions"])
 
     def read(self, partition: int | None = None) -> pa.Table:
         """The whole trace (``partition`` None; the table already read, if any) or one
