@@ -15,6 +15,10 @@ The layout, hive-style::
                                a request of this partition ran in); absent when there are none
       part=1/...
 
+Each partition file names its dataset (the dataset file's ``id``) and partition under
+`PARTITION_KEY`; `checked_dataset` holds a dataset to its dataset file before any
+partition is read (``read_dataset``, and a cluster's driver).
+
 Every ``part=K/`` directory exists, with a ``spans.parquet`` (empty when the partition owns
 no row). The Parquet files are ttft traces (``collectors/_files.py``: run metadata under
 ``METADATA_KEY``, ``WRITE_OPTIONS``), each written under a temporary name and renamed.
