@@ -181,6 +181,19 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     )
 
 
+def _union_ns(lo: np.ndarray, hi: np.ndarray, mine: np.ndarray) -> np.ndarray:
+    """Per row, the length of the union of the intervals ``[lo, hi)`` where ``mine``."""
+    lo = np.where(mine, lo, np.iinfo(np.int64).max)
+    order = np.argsort(lo, axis=1, kind="stable")
+    lo = np.take_along_axis(lo, order, axis=1)
+    hi = np.take_along_axis(np.where(mine, hi, np.iinfo(np.int64).min), order, axis=1)
+    reach = np.maximum.accumulate(hi, axis=1)  # the furthest end so far
+    before = np.concatenate([np.full((len(lo), 1), np.iinfo(np.int64).min), reach[:, :-1]],
+                            axis=1)
+    gain = np.where(hi > np.maximum(lo, before), hi - np.maximum(lo, before), 0)
+    return np.where(lo != np.iinfo(np.int64).max, gain, 0).sum(axis=1)
+
+
 _NAME_RANK = np.argsort(np.argsort(np.asarray(STAGE_NAMES)))
 """Each stage code's rank by stage name."""
 
@@ -292,8 +305,9 @@ class _Block:
         """
         pts = np.concatenate([self.a, self.lo, self.hi, self.b], axis=1)
         order = np.argsort(pts, axis=1, kind="stable")
-        pos = np.empty(order.shape, np.int16)
-        np.put_along_axis(pos, order, np.arange(pts.shape[1], dtype=np.int16)[None], axis=1)
+        small = np.int16 if pts.shape[1] <= np.iinfo(np.int16).max else np.int32
+        pos = np.empty(order.shape, small)
+        np.put_along_axis(pos, order, np.arange(pts.shape[1], dtype=small)[None], axis=1)
         pts = np.take_along_axis(pts, order, axis=1)
         k = self.k
         return pts[:, 1:] - pts[:, :-1], pos[:, 1 : k + 1], pos[:, k + 1 : 2 * k + 1]
@@ -309,11 +323,6 @@ class _Block:
         stop = np.take_along_axis(stop, order, axis=1)
         return active_bits(first, stop, length.shape[1])
 
-    def _active(self, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
-        """(N, S) mask of the segments ``[first, stop)`` of one column per row."""
-        seg = np.arange(2 * self.k + 1, dtype=np.int16)[None]
-        return (first[:, None] <= seg) & (seg < stop[:, None])
-
     def sum_by_stage(self, stage: np.ndarray, ns: np.ndarray) -> np.ndarray:
         flat = (np.arange(self.n)[:, None] * N_STAGES + stage).ravel()
         return _request_blocks.row_sums(flat, ns, self.n * N_STAGES).reshape(self.n, N_STAGES)
@@ -324,12 +333,12 @@ class _Block:
         order = self._order
         if self.k <= MAX_BITS:  # the highest active column is the top bit set
             owner = np.frexp(self._bits.astype(np.float64))[1] - 1
-        else:
+        else:  # more columns than bits: painted, each segment once (linear in spans)
+            from ttft.analysis._kernels import paint_owners  # numba: only wide requests
+
             first = np.take_along_axis(first, order, axis=1)
             stop = np.take_along_axis(stop, order, axis=1)
-            owner = np.full(length.shape, -1, np.int32)  # a request may hold > 32767 spans
-            for r in range(self.k):
-                np.putmask(owner, self._active(first[:, r], stop[:, r]), r)
+            owner = paint_owners(first, stop, length.shape[1])
         out_stage = np.take_along_axis(self.out_stage, order, axis=1)
         stage = np.where(owner >= 0, take_rows(out_stage, owner), CODE["unattributed"])
         return self.sum_by_stage(stage, length)
@@ -353,10 +362,9 @@ class _Block:
                 mine = np.take_along_axis(mine, self._order[rows], axis=1)  # as the bits
                 words = (mine * np.ldexp(1.0, np.arange(self.k))).sum(axis=1).astype(np.uint64)
                 hit = (bits[rows] & words[:, None]) != 0
-            else:
-                hit = np.zeros(length[rows].shape, bool)
-                for c in np.flatnonzero(mine.any(axis=0)):
-                    hit |= self._active(first[rows, c], stop[rows, c]) & mine[:, c, None]
+            else:  # the union of the stage's clipped intervals, by sorting (linear-log)
+                cov[rows, code] = _union_ns(self.lo[rows], self.hi[rows], mine)
+                continue
             cov[rows, code] = np.where(hit, length[rows], 0).sum(axis=1)
         return cov
 

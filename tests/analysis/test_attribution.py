@@ -174,8 +174,9 @@ STAGES = [
 ]
 
 
-def random_requests(seed: int, n_requests: int):
-    """Random requests as table rows plus the sweep's view of each, built independently."""
+def random_requests(seed: int, n_requests: int, children: int = 7):
+    """Random requests as table rows plus the sweep's view of each, built independently;
+    each with up to ``children`` server-side spans beside its client and server spans."""
     rnd = random.Random(seed)
     rows: list[dict] = []
     truth = []
@@ -192,7 +193,7 @@ def random_requests(seed: int, n_requests: int):
         spans.append((sid_, "server", s0, rnd.randint(s0 + 1, c_end + 10), cid, False, 1))
         server_side = [(sid_, 1)]
         joined = []
-        for _ in range(rnd.randint(0, 7)):
+        for _ in range(rnd.randint(0, children)):
             stage = rnd.choice(STAGES)
             start = rnd.randint(0, 70)
             parent, pdepth = rnd.choice(server_side)
@@ -296,8 +297,16 @@ def test_vectorized_equals_sweep(compiled, seed, n_requests, hex_ids):
         _vectorized_equals_sweep(seed, n_requests, hex_ids)
 
 
-def _vectorized_equals_sweep(seed, n_requests, hex_ids):
-    rows, truth = random_requests(seed, n_requests)
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10**9), st.integers(1, 3), st.integers(60, 200))
+def test_wide_requests_equal_the_sweep(seed, n_requests, children):
+    """Requests wider than a block's bits (over `MAX_BITS` spans: the painted owners and
+    the sorted unions, linear in spans) against the plain sweep, exclusive policy."""
+    _vectorized_equals_sweep(seed, n_requests, True, children, ("exclusive",))
+
+
+def _vectorized_equals_sweep(seed, n_requests, hex_ids, children=7, policies=POLICIES):
+    rows, truth = random_requests(seed, n_requests, children)
     span_id = (lambda n: format(n, "016x")) if hex_ids else other_id
     # One clock for both sides (the generator's): from 10 requests on, the estimator would
     # find an offset in the random server windows.
@@ -305,7 +314,7 @@ def _vectorized_equals_sweep(seed, n_requests, hex_ids):
     assert len(asm.requests) == n_requests
     order = np.argsort([int(t, 16) for t in asm.requests.trace_id])
     for boundary in BOUNDARY_NAMES:
-        for policy in POLICIES:
+        for policy in policies:
             result = attribute(asm, boundary, policy)
             got = {tr: i for i, tr in enumerate(result.requests.trace_id)}
             for k, (spans, events) in enumerate(truth):
@@ -487,3 +496,19 @@ def test_requests_without_a_window_change_no_other_request(seed):
         got = parts(without_first_token(drop), drop)
         for name, frame in got.items():
             pd.testing.assert_frame_equal(frame.loc[alone[name].index], alone[name])
+
+
+def test_a_request_of_twenty_thousand_spans_is_attributed_exactly():
+    """More elementary segments than an int16 counts (each span adds two): 20,000 queue
+    spans of 3 ns, 5 ns apart, under one server span; each is its own exclusive time, and
+    the server span keeps the gaps."""
+    n = 20_000
+    rows = [row(1, 1, "client", 0, 10 * n, **CLIENT),
+            row(1, 2, "server", 1, 10 * n - 1, parent=1),
+            event(1, 3, "first_byte", 10 * n - 2, parent=2),
+            event(1, 4, "first_token", 10 * n - 1, parent=1, **CLIENT)]
+    rows += [row(1, 10 + i, "queue", 2 + 5 * i, 5 + 5 * i, parent=2) for i in range(n)]
+    result = attribute(assemble(table(rows)), "client", "exclusive")
+    got = {k: int(v) for k, v in result.attributed.iloc[0].items() if v}
+    assert got == {"queue": 3 * n, "server": 10 * n - 2 - 1 - 3 * n, "network": 2}
+    assert int(result.covered.iloc[0]["queue"]) == int(result.raw.iloc[0]["queue"]) == 3 * n
