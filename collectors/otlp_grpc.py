@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from ttft.collectors._otlp_chunks import parsed_chunks
 from ttft.collectors._otlp_common import (
     MAX_INFLIGHT_BYTES,
+    RETRY_AFTER_S,
     ReceiverBookkeeping,
     Sink,
     as_sink,
@@ -40,10 +41,30 @@ EXPORT_METHOD = f"/{_SERVICE}/Export"
 
 
 class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, retry: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.retry = retry
+
+
+def retry_metadata(code: grpc.StatusCode, message: str) -> tuple[tuple[str, bytes], ...]:
+    """The trailing metadata that tells an OTLP exporter when to retry a call answered
+    ``code``: the OTLP specification makes ``RESOURCE_EXHAUSTED`` retryable only with a
+    ``google.rpc.RetryInfo`` in the status details (``grpc-status-details-bin``, as the
+    Go and Java exporters read it; OpenTelemetry Python reads ``google.rpc.retryinfo-bin``),
+    here after `RETRY_AFTER_S`, as the HTTP receiver's ``Retry-After``."""
+    from google.protobuf.any_pb2 import Any as AnyMessage
+    from google.protobuf.duration_pb2 import Duration
+    from google.rpc.error_details_pb2 import RetryInfo
+    from google.rpc.status_pb2 import Status
+
+    info = RetryInfo(retry_delay=Duration(seconds=RETRY_AFTER_S))
+    details = AnyMessage()
+    details.Pack(info)
+    status = Status(code=code.value[0], message=message, details=[details])
+    return (("grpc-status-details-bin", status.SerializeToString()),
+            ("google.rpc.retryinfo-bin", info.SerializeToString()))
 
 
 def _host_port(host: str, port: int) -> str:
@@ -165,17 +186,19 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
         with self._serving() as admitted, self._budget() as take:
             try:
                 if not admitted:
-                    raise _Abort(grpc.StatusCode.UNAVAILABLE, "receiver is stopped")
+                    raise _Abort(grpc.StatusCode.UNAVAILABLE, "receiver is stopped", True)
                 if not take(len(body)):
                     raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                  f"busy: {self.max_inflight_bytes} bytes already in flight; "
-                                 "retry later")
+                                 "retry later", True)
                 return self._store(body, context)
             except _Abort as exc:
                 log = logger.exception if exc.code == grpc.StatusCode.INTERNAL else logger.info
                 log("rejected OTLP/gRPC export from %s: %s %s", context.peer(), exc.code.name,
                     exc.message)
                 self._count_rejected()
+                if exc.retry:
+                    context.set_trailing_metadata(retry_metadata(exc.code, exc.message))
                 context.abort(exc.code, exc.message)  # raises
                 raise  # not reached; keeps the type checker's return paths whole
 

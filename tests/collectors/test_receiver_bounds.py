@@ -13,6 +13,7 @@ import grpc
 import httpx
 import pyarrow as pa
 import pytest
+from google.rpc.error_details_pb2 import RetryInfo
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -184,6 +185,44 @@ def test_grpc_beyond_the_bytes_in_flight_budget_is_resource_exhausted():
         call(second, timeout=TIMEOUT_S)
     assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert (sink.rows, receiver.rejected) == (2, 1)
+    # retryable by the OTLP specification only with a RetryInfo in the status details
+    trailing = dict(busy.value.trailing_metadata())
+    status = Status.FromString(trailing["grpc-status-details-bin"])
+    assert (status.code, status.message) == (8, f"busy: {len(first) + len(second) - 1} bytes "
+                                                 "already in flight; retry later")
+    (detail,) = status.details
+    info = RetryInfo()
+    assert detail.Unpack(info) and info.retry_delay.seconds == 1
+    assert RetryInfo.FromString(trailing["google.rpc.retryinfo-bin"]) == info
+
+
+def test_the_otel_grpc_exporter_retries_a_busy_answer_after_its_retry_delay():
+    """OpenTelemetry's own gRPC exporter, told RESOURCE_EXHAUSTED with the RetryInfo, waits
+    the delay and sends again: the spans are stored, not dropped."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    sink = BlockingSink()
+    with OTLPGrpcReceiver(sink, port=0, max_inflight_bytes=len(small_export(0)) + 10
+                          ) as receiver, \
+            grpc.insecure_channel(f"127.0.0.1:{receiver.port}") as channel, \
+            ThreadPoolExecutor(2) as pool:
+        call = channel.unary_unary(EXPORT_METHOD, request_serializer=None,
+                                   response_deserializer=ExportTraceServiceResponse.FromString)
+        held = pool.submit(call, small_export(0), timeout=TIMEOUT_S)  # holds the budget
+        assert sink.entered.wait(TIMEOUT_S)
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(
+            endpoint=f"127.0.0.1:{receiver.port}", insecure=True, timeout=TIMEOUT_S)))
+        exported = pool.submit(lambda: provider.get_tracer("t").start_span("s").end())
+        time.sleep(0.5)  # its first try is refused while the budget is held
+        refused = receiver.rejected
+        sink.release.set()
+        held.result()
+        exported.result(timeout=TIMEOUT_S)
+        provider.shutdown()
+    assert refused >= 1 and sink.rows == 2
 
 
 def test_connections_past_the_cap_wait_for_a_free_slot():
