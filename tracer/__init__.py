@@ -27,7 +27,7 @@ from ttft.tracer.context import (
     request_parent,
 )
 from ttft.tracer.lazy import lazy_exports
-from ttft.tracer.schema import SCHEMA_VERSION, SPAN_SCHEMA, STAGE_NAMES
+from ttft.tracer.schema import SCHEMA_VERSION, STAGE_NAMES
 
 if TYPE_CHECKING:
     from ttft.tracer.api import (
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ttft.tracer.asgi import TTFTMiddleware
     from ttft.tracer.gpu_resolver import GpuResolver
     from ttft.tracer.recorder import FlushResult
+    from ttft.tracer.schema import SPAN_SCHEMA
     from ttft.tracer.torch_hooks import Instrumentation, instrument_module
 
 # name -> the module that defines it, imported on first access
@@ -69,6 +70,7 @@ _LAZY: dict[str, str] = {
     "Instrumentation": "ttft.tracer.torch_hooks",
     "instrument_module": "ttft.tracer.torch_hooks",
     "TTFTMiddleware": "ttft.tracer.asgi",
+    "SPAN_SCHEMA": "ttft.tracer.schema",
 }
 
 __all__ = [

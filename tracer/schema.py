@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from functools import cache
+from typing import TYPE_CHECKING, Any, Final
 
-import pyarrow as pa
+if TYPE_CHECKING:  # pyarrow is imported where a table is made or read, not for the names
+    import pyarrow as pa
 
 SCHEMA_VERSION: Final[int] = 1
 """Bumped whenever a column is added, removed or changes meaning."""
@@ -34,6 +36,8 @@ written to a file."""
 def run_metadata(table: pa.Table | pa.Schema) -> dict[str, Any]:
     """The run metadata under `METADATA_KEY` of a table's schema: the one reader of it
     (empty when absent, not JSON or not a JSON object)."""
+    import pyarrow as pa
+
     schema = table if isinstance(table, pa.Schema) else table.schema
     raw = (schema.metadata or {}).get(METADATA_KEY)
     try:
@@ -59,26 +63,46 @@ def with_run_metadata(table: pa.Table, metadata: Mapping[str, Any]) -> pa.Table:
     return table.replace_schema_metadata({**(table.schema.metadata or {}),
                                           METADATA_KEY: json.dumps(metadata).encode()})
 
-_DICT = pa.dictionary(pa.int32(), pa.string())
+@cache
+def _span_schema() -> pa.Schema:
+    import pyarrow as pa
 
-SPAN_SCHEMA: Final[pa.Schema] = pa.schema(
-    [
-        pa.field("trace_id", pa.string(), nullable=False),
-        pa.field("span_id", pa.string()),
-        pa.field("parent_id", pa.string()),
-        pa.field("request_id", pa.string()),
-        pa.field("name", pa.string(), nullable=False),
-        pa.field("stage", _DICT, nullable=False),
-        pa.field("start_ns", pa.int64(), nullable=False),
-        pa.field("end_ns", pa.int64(), nullable=False),
-        pa.field("clock", _DICT, nullable=False),
-        pa.field("service", _DICT, nullable=False),
-        pa.field("attributes", pa.string()),
-    ]
-)
-"""One row per span or point event; see docs/design.md for the meaning of each column."""
+    names = pa.dictionary(pa.int32(), pa.string())
+    return pa.schema(
+        [
+            pa.field("trace_id", pa.string(), nullable=False),
+            pa.field("span_id", pa.string()),
+            pa.field("parent_id", pa.string()),
+            pa.field("request_id", pa.string()),
+            pa.field("name", pa.string(), nullable=False),
+            pa.field("stage", names, nullable=False),
+            pa.field("start_ns", pa.int64(), nullable=False),
+            pa.field("end_ns", pa.int64(), nullable=False),
+            pa.field("clock", names, nullable=False),
+            pa.field("service", names, nullable=False),
+            pa.field("attributes", pa.string()),
+        ]
+    )
 
-COLUMNS: Final[tuple[str, ...]] = tuple(SPAN_SCHEMA.names)
+
+def __getattr__(name: str) -> Any:
+    """``SPAN_SCHEMA``, made (and pyarrow imported) on first use (PEP 562), so a command
+    that only reads the names here (``ttft --help``) never loads pyarrow."""
+    if name == "SPAN_SCHEMA":
+        return _span_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    SPAN_SCHEMA: Final[pa.Schema] = _span_schema()
+"""One row per span or point event (``SPAN_SCHEMA``, an Arrow schema); see docs/design.md
+for the meaning of each column."""
+
+COLUMNS: Final[tuple[str, ...]] = (
+    "trace_id", "span_id", "parent_id", "request_id", "name", "stage", "start_ns", "end_ns",
+    "clock", "service", "attributes",
+)  # fmt: skip
+"""``SPAN_SCHEMA``'s column names, in order."""
 
 
 @dataclass(frozen=True)
@@ -299,4 +323,4 @@ def stage_of(name: str) -> str:
 
 def empty_table() -> pa.Table:
     """A table with the span schema and no rows."""
-    return SPAN_SCHEMA.empty_table()
+    return _span_schema().empty_table()

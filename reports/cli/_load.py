@@ -3,10 +3,13 @@ achieved against the rate offered, and one yellow line when the server did not k
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.text import Text
 
-from ttft.collectors.load_rates import KEPT_UP_FRACTION, LoadRates
+if TYPE_CHECKING:  # the load generator is imported by the commands that run it, not --help
+    from ttft.collectors.load_rates import LoadRates
 
 __all__ = ["load_lines", "print_load"]
 
@@ -14,6 +17,7 @@ __all__ = ["load_lines", "print_load"]
 def load_lines(load: LoadRates) -> list[Text]:
     """The achieved-rate line and, when the achieved rate is below ``KEPT_UP_FRACTION`` of
     the offered one (:meth:`LoadRates.kept_up` False), the overload line, in yellow."""
+    from ttft.collectors.load_rates import KEPT_UP_FRACTION
     achieved = (f"{load.achieved_rate_per_s:.2f} requests/s"
                 if load.achieved_rate_per_s is not None else "unknown")
     offered = (f"; the schedule offered {load.offered_rate_per_s:.2f} requests/s"

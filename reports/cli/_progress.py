@@ -5,7 +5,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable
 
-import numpy as np
 from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column
@@ -77,6 +76,8 @@ class RunDisplay:
         as ``ttft analyze`` reports them (None before the first)."""
         if not self.ttfts:
             return None
+        import numpy as np
+
         p50, p99 = np.percentile(self.ttfts, (50, 99))
         return float(p50), float(p99)
 

@@ -9,13 +9,12 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 from rich.text import Text
 
-from ttft.analysis.compare import CORRECTION, FLOOR_MS, FLOOR_PCT
+from ttft.analysis.change_rule import CORRECTION, FLOOR_MS, FLOOR_PCT
 from ttft.reports._text import plain
 from ttft.reports.cli._app import app, err, fail, progress, stdout_console
 from ttft.reports.cli._options import (
@@ -30,6 +29,9 @@ from ttft.reports.cli._options import (
 )
 from ttft.reports.cli._where import analysed
 from ttft.tracer.schema import BOUNDARY_NAMES
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _CONFIDENCE = 0.95
 
