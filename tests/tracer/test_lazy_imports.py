@@ -81,3 +81,17 @@ def test_lazy_names_are_listed_and_an_unknown_name_is_an_attribute_error():
         "    raise AssertionError('no AttributeError')"
     )
     assert loaded_after(code) == []
+
+
+def test_the_command_line_loads_no_table_library_to_show_its_help():
+    """``ttft --help`` (every command's module imported to list it) loads neither pyarrow,
+    numpy nor pandas: those come with the command that reads a trace."""
+    probe = (
+        "import sys\nfrom typer.main import get_command\nfrom ttft.reports.cli import app\n"
+        "get_command(app)\n"
+        "print(sorted(m for m in ('pyarrow', 'numpy', 'pandas', 'torch') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
