@@ -27,6 +27,11 @@ CHUNK_SPANS = 16_384
 _LEN = 2  # the length-delimited wire type
 
 
+_MAX_HEAD_FIELDS = 64
+"""Fields a resource or scope may carry beside its spans before the walk leaves the body to
+the parser (an exporter writes a handful: resource, scope, schema URL)."""
+
+
 class _Unhandled(Exception):
     """Wire data the walker leaves to the protobuf parser."""
 
@@ -59,6 +64,8 @@ def _fields(data: memoryview, start: int, end: int) -> Iterator[tuple[int, int, 
     while at < end:
         entry = at
         key, at = _varint(data, at, end)
+        if key >> 3 == 0:  # field 0 is no field: the parser rejects it at once, not a walk
+            raise _Unhandled
         wire = key & 7
         if wire == 0:
             _, after = _varint(data, at, end)
@@ -89,8 +96,8 @@ ranges of its spans (adjacent spans merged, so a chunk costs a few ranges, not o
 def _plans(data: memoryview, max_spans: int) -> list[_Plan]:
     plans: list[_Plan] = []
     for field, wire, _, start, end in _fields(data, 0, len(data)):
-        if (field, wire) != (1, _LEN):
-            continue  # not a ResourceSpans: the parser would keep it as an unknown field
+        if (field, wire) != (1, _LEN):  # not a ResourceSpans: no exporter writes one, and
+            raise _Unhandled  # the parser walks such fields at C speed, not one by one here
         resource: list[bytes] = []
         scopes: list[tuple[int, int]] = []
         for inner, inner_wire, entry, value, after in _fields(data, start, end):
@@ -98,6 +105,8 @@ def _plans(data: memoryview, max_spans: int) -> list[_Plan]:
                 scopes.append((value, after))
             else:
                 resource.append(bytes(data[entry:after]))
+                if len(resource) > _MAX_HEAD_FIELDS:
+                    raise _Unhandled
         head_of_resource = b"".join(resource)
         for scope_start, scope_end in scopes:
             scope: list[bytes] = []
@@ -107,6 +116,8 @@ def _plans(data: memoryview, max_spans: int) -> list[_Plan]:
             for inner, inner_wire, entry, _, after in _fields(data, scope_start, scope_end):
                 if (inner, inner_wire) != (2, _LEN):
                     scope.append(bytes(data[entry:after]))
+                    if len(scope) > _MAX_HEAD_FIELDS:  # no scope says this much of itself:
+                        raise _Unhandled  # left whole to the parser, at its speed
                     continue
                 if count == max_spans:
                     chunks.append(runs)
