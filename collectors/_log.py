@@ -80,6 +80,7 @@ class LogSegment:
         """
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._size = 0
         try:
             header = json.dumps({"metadata": json.loads(metadata_json)}).encode()
             self.write(MAGIC + _HEADER.pack(len(header), _crc(header)) + header)
@@ -87,15 +88,28 @@ class LogSegment:
             fsync(path.parent)
         except BaseException:
             os.close(self._fd)
+            # It holds nothing acknowledged: gone, so the next try (a full disk that has
+            # space again) can create it, and no reader meets a headless segment.
+            path.unlink(missing_ok=True)
             raise
 
     def write(self, data: bytes) -> None:
-        """Append ``data`` (in the page cache: it survives a killed process, not a power cut
-        until :meth:`sync`)."""
+        """Append ``data`` whole or not at all (in the page cache: it survives a killed
+        process, not a power cut until :meth:`sync`).
+
+        Raises:
+            OSError: the write failed (a full disk): the segment is cut back to where it
+                was, so a torn record never hides the records appended after it.
+        """
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(data)
 
     def sync(self) -> None:
         """Make everything written so far durable."""
@@ -164,6 +178,12 @@ class LogContents:
     torn_bytes: int
 
 
+def _nothing(torn_bytes: int) -> LogContents:
+    """A segment whose header was cut (a full disk, a kill while it was created): it holds
+    no record, so nothing in it was ever acknowledged."""
+    return LogContents(LOG_SCHEMA.empty_table(), {}, 0, torn_bytes)
+
+
 class LogError(ValueError):
     """A segment that is not one (bad magic or header): the message says why."""
 
@@ -177,16 +197,18 @@ def read_log(path: Path) -> LogContents:
         FileNotFoundError: it vanished (its part was just written and it was removed).
     """
     data = path.read_bytes()
+    at = len(MAGIC)
+    if len(data) < at + _HEADER.size and MAGIC.startswith(data[:at]):
+        return _nothing(len(data))  # created, its header never whole: nothing was in it
     if not data.startswith(MAGIC):
         raise LogError("not a ttft span log (bad magic)")
-    at = len(MAGIC)
-    if len(data) < at + _HEADER.size:
-        raise LogError("span log header is torn")
     length, crc = _HEADER.unpack_from(data, at)
     at += _HEADER.size
     header = data[at:at + length]
-    if len(header) != length or _crc(header) != crc:
-        raise LogError("span log header is torn or corrupt")
+    if len(header) != length:
+        return _nothing(len(data))
+    if _crc(header) != crc:
+        raise LogError("span log header is corrupt")
     try:
         metadata = json.loads(header)["metadata"]
     except (ValueError, KeyError, TypeError) as exc:

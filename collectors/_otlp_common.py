@@ -4,8 +4,10 @@ an export and its partial-success answer, and the request bookkeeping."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hmac
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
@@ -27,6 +29,11 @@ MAX_INFLIGHT_BYTES = 256 << 20
 """Default budget on request bytes (after decompression) held by requests in flight."""
 RETRY_AFTER_S = 1
 """Seconds an exporter is told to wait when the in-flight budget is spent."""
+
+DISK_FULL = "no space left for the trace; retry later"
+"""The message of the retryable answer while the sink's disk is full."""
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+logger = logging.getLogger("ttft.collectors.receiver")
 
 MAX_ERRORS_REPORTED = 10
 """Rejected-span messages joined into a response's ``partial_success.error_message``."""
@@ -51,6 +58,18 @@ def bearer_ok(authorization: str | None, token: str) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(credentials.strip().encode(), token.encode())
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk or quota: a condition that passes,
+    answered as retryable (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE`` with a
+    ``RetryInfo``), since OTLP exporters retry those and drop data on a 500."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def store_export(chunks: Iterable[ExportTraceServiceRequest], parse_rejected: list[str],
@@ -123,6 +142,7 @@ class ReceiverBookkeeping:
         self.spans_rejected = 0
         self.rejected_examples: list[str] = []
         self.rejected = 0
+        self.disk_was_full = False
 
     @contextlib.contextmanager
     def _serving(self) -> Iterator[bool]:
@@ -163,6 +183,17 @@ class ReceiverBookkeeping:
         finally:
             with self._lock:
                 self._inflight_bytes -= held
+
+    def _disk(self, full: bool, where: object) -> None:
+        """Note whether the last store found the disk full: logged once when it fills and
+        once when it has space again, never once per request."""
+        with self._lock:
+            changed, self.disk_was_full = self.disk_was_full != full, full
+        if changed and full:
+            logger.warning("%s: the disk is full; exports are answered as retryable until "
+                           "it has space", where)
+        elif changed:
+            logger.warning("%s: the disk has space again; exports are stored", where)
 
     def _count_rejected(self) -> None:
         with self._lock:

@@ -19,12 +19,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from ttft.collectors._otlp_chunks import parsed_chunks
 from ttft.collectors._otlp_common import (
+    DISK_FULL,
     MAX_INFLIGHT_BYTES,
     RETRY_AFTER_S,
     ReceiverBookkeeping,
     Sink,
     as_sink,
     bearer_ok,
+    disk_full,
     store_export,
 )
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
@@ -41,11 +43,13 @@ EXPORT_METHOD = f"/{_SERVICE}/Export"
 
 
 class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, retry: bool = False) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, retry: bool = False,
+                 quiet: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry = retry
+        self.quiet = quiet  # logged once as a condition, not once per call
 
 
 def retry_metadata(code: grpc.StatusCode, message: str) -> tuple[tuple[str, bytes], ...]:
@@ -193,9 +197,11 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
                                  "retry later", True)
                 return self._store(body, context)
             except _Abort as exc:
-                log = logger.exception if exc.code == grpc.StatusCode.INTERNAL else logger.info
-                log("rejected OTLP/gRPC export from %s: %s %s", context.peer(), exc.code.name,
-                    exc.message)
+                if not exc.quiet:
+                    log = (logger.exception if exc.code == grpc.StatusCode.INTERNAL
+                           else logger.info)
+                    log("rejected OTLP/gRPC export from %s: %s %s", context.peer(),
+                        exc.code.name, exc.message)
                 self._count_rejected()
                 if exc.retry:
                     context.set_trailing_metadata(retry_metadata(exc.code, exc.message))
@@ -217,7 +223,11 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
         try:
             response, stored, rejected = store_export(chunks, [], self._sink)
         except Exception as exc:
+            if disk_full(exc):
+                self._disk(True, f"OTLP/gRPC :{self.port}")
+                raise _Abort(grpc.StatusCode.UNAVAILABLE, DISK_FULL, True, quiet=True) from exc
             raise _Abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}") from exc
+        self._disk(False, f"OTLP/gRPC :{self.port}")
         self._count_spans(stored, rejected)
         return response
 

@@ -28,12 +28,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from ttft.collectors._otlp_chunks import message_chunks, parsed_chunks
 from ttft.collectors._otlp_common import (
+    DISK_FULL,
     MAX_INFLIGHT_BYTES,
     RETRY_AFTER_S,
     ReceiverBookkeeping,
     Sink,
     as_sink,
     bearer_ok,
+    disk_full,
     store_export,
 )
 from ttft.collectors.otlp_rows import parse_json_export, request_to_rows
@@ -67,11 +69,13 @@ _SLOT_POLL_S = 0.05  # how often an accept loop waiting for a free slot checks f
 
 
 class _Reject(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None,
+                 quiet: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers or {}
+        self.quiet = quiet  # logged once as a condition, not once per request
 
 
 def _hold(take: Callable[[int], bool], n_bytes: int, budget_bytes: int) -> None:
@@ -316,9 +320,10 @@ class OTLPReceiver(ReceiverBookkeeping):
     def _reply_error(self, handler: _Handler, content_type: str, exc: Exception) -> None:
         status, message, headers = (exc.status, exc.message, exc.headers) if isinstance(
             exc, _Reject) else (500, f"internal error: {exc}", {})
-        log = logger.exception if status == 500 else logger.info
-        log("rejected %s %s from %s: %d %s", handler.command, handler.path,
-            handler.client_address[0], status, message)
+        if not getattr(exc, "quiet", False):
+            log = logger.exception if status == 500 else logger.info
+            log("rejected %s %s from %s: %d %s", handler.command, handler.path,
+                handler.client_address[0], status, message)
         self._count_rejected()
         error = Status(code=_GRPC_CODES.get(status, 2), message=message)
         if status == 401:
@@ -376,7 +381,15 @@ class OTLPReceiver(ReceiverBookkeeping):
             _hold(take, len(body) - length, self.max_inflight_bytes)
         chunks, parse_rejected = _parse(body, content_type)
         del body  # the chunks keep what they need
-        response, stored, rejected = store_export(chunks, parse_rejected, self._sink)
+        try:
+            response, stored, rejected = store_export(chunks, parse_rejected, self._sink)
+        except Exception as exc:
+            if not disk_full(exc):
+                raise
+            self._disk(True, self.endpoint)
+            raise _Reject(503, DISK_FULL, {"Retry-After": str(RETRY_AFTER_S)},
+                          quiet=True) from exc
+        self._disk(False, self.endpoint)
         self._count_spans(stored, rejected)
         return response
 

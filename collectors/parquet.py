@@ -154,6 +154,9 @@ def _unfinished_tables(run: Run, batch_rows: int, budget: _Budget
             contents = read_log(segment)
         except LogError as exc:
             raise TraceFileError(segment, str(exc)) from None
+        if not contents.metadata:  # its header never whole (a full disk): nothing in it
+            torn += contents.torn_bytes
+            continue
         budget.disk_bytes += segment.stat().st_size
         fail = _file_fail(segment)
         table = conform(contents.table, fail, extra_ok=True, check_rows=False)
@@ -266,11 +269,13 @@ def read_parquet_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _run_metadata(run: Run) -> bytes:
     """One run's raw metadata as `read_parquet` takes it: its last log segment's, else its
     last part's."""
-    if run.logs:
+    for segment in reversed(run.logs):  # the newest segment whose header is whole
         try:
-            return json.dumps(read_log(run.logs[-1]).metadata, sort_keys=True).encode()
+            metadata = read_log(segment).metadata
         except LogError as exc:
-            raise TraceFileError(run.logs[-1], str(exc)) from None
+            raise TraceFileError(segment, str(exc)) from None
+        if metadata:
+            return json.dumps(metadata, sort_keys=True).encode()
     if not run.parts:
         return json.dumps({"schema_version": SCHEMA_VERSION}).encode()
     source, raw = _open_checked(run.parts[-1])

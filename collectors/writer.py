@@ -250,8 +250,8 @@ class TraceWriter:
 
     def _covered(self, sequence: int) -> bool:
         if self._sync_failed is not None:
-            raise OSError(f"{self.path}: the span log could not be made durable "
-                          f"({self._sync_failed})")
+            raise OSError(self._sync_failed.errno, f"{self.path}: the span log could not "
+                          f"be made durable ({self._sync_failed})")
         return self._synced >= sequence  # an fsync that started after the append covered it
 
     def _fsync_log(self) -> None:
