@@ -8,73 +8,29 @@ prefill scaling and the roofline regime are per-request rows of each part, so "a
 means the same in all of them.
 """
 
-from typing import TYPE_CHECKING
-
-from ttft.tracer.lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from ttft.analysis.assemble import Assembly, Rows, assemble
-    from ttft.analysis.attribution import Attribution, attribute
-    from ttft.analysis.blame import blame, blame_summary
-    from ttft.analysis.clock_offset import ClockOffset
-    from ttft.analysis.clocks import apply_offsets, estimate_offsets
-    from ttft.analysis.compare import compare, regressions
-    from ttft.analysis.part import Part, analyze_part, merge
-    from ttft.analysis.pipeline import Analysis, analyze
-    from ttft.analysis.prefill import QuadraticFit, fit_quadratic, prefill_fits, prefill_points
-    from ttft.analysis.quality import Quality
-    from ttft.analysis.regime import (
-        ModelShape,
-        Peaks,
-        RegimeResult,
-        chunk_cost,
-        compute_regime,
-        find_model_and_device,
-        find_peaks,
-        regime,
-        regime_summary,
-    )
-    from ttft.analysis.request_values import RequestValues
-    from ttft.analysis.summary import Summary, percentile_bands, stage_table, summarize
-
-_EXPORTS = {
-    "Analysis": "ttft.analysis.pipeline",
-    "Assembly": "ttft.analysis.assemble",
-    "Attribution": "ttft.analysis.attribution",
-    "ClockOffset": "ttft.analysis.clock_offset",
-    "ModelShape": "ttft.analysis.regime",
-    "Part": "ttft.analysis.part",
-    "Peaks": "ttft.analysis.regime",
-    "QuadraticFit": "ttft.analysis.prefill",
-    "Quality": "ttft.analysis.quality",
-    "RegimeResult": "ttft.analysis.regime",
-    "RequestValues": "ttft.analysis.request_values",
-    "Rows": "ttft.analysis.assemble",
-    "Summary": "ttft.analysis.summary",
-    "analyze": "ttft.analysis.pipeline",
-    "analyze_part": "ttft.analysis.part",
-    "apply_offsets": "ttft.analysis.clocks",
-    "assemble": "ttft.analysis.assemble",
-    "attribute": "ttft.analysis.attribution",
-    "blame": "ttft.analysis.blame",
-    "blame_summary": "ttft.analysis.blame",
-    "chunk_cost": "ttft.analysis.regime",
-    "compare": "ttft.analysis.compare",
-    "compute_regime": "ttft.analysis.regime",
-    "estimate_offsets": "ttft.analysis.clocks",
-    "find_model_and_device": "ttft.analysis.regime",
-    "find_peaks": "ttft.analysis.regime",
-    "fit_quadratic": "ttft.analysis.prefill",
-    "merge": "ttft.analysis.part",
-    "percentile_bands": "ttft.analysis.summary",
-    "prefill_fits": "ttft.analysis.prefill",
-    "prefill_points": "ttft.analysis.prefill",
-    "regime": "ttft.analysis.regime",
-    "regime_summary": "ttft.analysis.regime",
-    "regressions": "ttft.analysis.compare",
-    "stage_table": "ttft.analysis.summary",
-    "summarize": "ttft.analysis.summary",
-}
+from ttft.analysis.assemble import Assembly, Rows, assemble
+from ttft.analysis.attribution import Attribution, attribute
+from ttft.analysis.blame import blame, blame_summary
+from ttft.analysis.clock_offset import ClockOffset
+from ttft.analysis.clocks import apply_offsets, estimate_offsets
+from ttft.analysis.compare import compare, regressions
+from ttft.analysis.part import Part, analyze_part, merge
+from ttft.analysis.pipeline import Analysis, analyze
+from ttft.analysis.prefill import QuadraticFit, fit_quadratic, prefill_fits, prefill_points
+from ttft.analysis.quality import Quality
+from ttft.analysis.regime import (
+    ModelShape,
+    Peaks,
+    RegimeResult,
+    chunk_cost,
+    compute_regime,
+    find_model_and_device,
+    find_peaks,
+    regime,
+    regime_summary,
+)
+from ttft.analysis.request_values import RequestValues
+from ttft.analysis.summary import Summary, percentile_bands, stage_table, summarize
 
 __all__ = [
     "Analysis",
@@ -114,5 +70,3 @@ __all__ = [
     "stage_table",
     "summarize",
 ]
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

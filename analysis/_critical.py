@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ttft.analysis import _request_blocks
-from ttft.analysis._request_blocks import take_rows
+from ttft.analysis._request_blocks import MAX_BITS, take_rows
 from ttft.analysis._trees import CODE
 
 
@@ -43,6 +43,8 @@ def critical_path(block) -> np.ndarray:
         stage, trace = block.ties(tied)
         order[tied] = np.lexsort((trace, stage, *(key[tied] for key in keys)), axis=-1)
     rank = np.argsort(order, axis=1)
+    if k > MAX_BITS:  # wide: a walk per row, not (K, K) sibling matrices
+        return _wide(block, par, live, lo, hi, rank)
     rank = np.where(live, rank, -1)
     sib = (par[:, :, None] == par[:, None, :]) & live[:, :, None] & live[:, None, :]
     sib &= ~np.eye(k, dtype=bool)[None]
@@ -73,4 +75,18 @@ def critical_path(block) -> np.ndarray:
     own = np.where(on, length - child[:, :k], 0)
     att = block.sum_by_stage(block.out_stage, own)
     att[:, CODE["unattributed"]] += (block.b - block.a)[:, 0] - child[:, k]
+    return att
+
+
+def _wide(block, par, live, lo, hi, rank) -> np.ndarray:
+    """`critical_path` of a wide block by the compiled walk (``_wide_kernels.critical_walk``)."""
+    from ttft.analysis._wide_kernels import critical_walk  # numba: only wide requests
+
+    # live columns first, grouped by parent, each group by ascending rank
+    grouped = np.lexsort((rank, par, ~live), axis=-1)
+    by_depth = np.argsort(block.depth, axis=1, kind="stable")
+    own, root_children = critical_walk(par.astype(np.int64), live, lo, hi, grouped,
+                                       by_depth)
+    att = block.sum_by_stage(block.out_stage, own)
+    att[:, CODE["unattributed"]] += (block.b - block.a)[:, 0] - root_children
     return att

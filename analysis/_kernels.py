@@ -281,33 +281,3 @@ def _covered(r, k, o, stage, inc, lo, hi, raw, cov, scratch) -> None:
                 total += hi[c] - max(lo[c], far)
                 far = hi[c]
         cov[r, s] = total
-
-
-@njit(cache=True, nogil=True)
-def paint_owners(first, stop, segments) -> np.ndarray:
-    """``(N, segments)`` int32: per row, the highest column ``j`` covering each segment
-    (``first[:, j] <= s < stop[:, j]``), -1 where none does: what assigning every column's
-    segments in ascending column order leaves (the exclusive policy's owner). Columns are
-    painted from the highest down, each segment once, skipping painted runs through a
-    union-find of the next unpainted segment: ``O(N (K + S))``, whatever ``K``."""
-    n, k = first.shape
-    owner = np.full((n, segments), -1, np.int32)
-    nxt = np.empty(segments + 1, np.int64)
-    for r in range(n):
-        for s in range(segments + 1):
-            nxt[s] = s
-        for j in range(k - 1, -1, -1):
-            s = np.int64(first[r, j])
-            end = np.int64(stop[r, j])
-            while True:
-                root = s  # the next unpainted segment at or after s
-                while nxt[root] != root:
-                    root = nxt[root]
-                while nxt[s] != root:  # compress the path walked
-                    nxt[s], s = root, nxt[s]
-                s = root
-                if s >= end:
-                    break
-                owner[r, s] = j
-                nxt[s] = s + 1
-    return owner

@@ -334,7 +334,7 @@ class _Block:
         if self.k <= MAX_BITS:  # the highest active column is the top bit set
             owner = np.frexp(self._bits.astype(np.float64))[1] - 1
         else:  # more columns than bits: painted, each segment once (linear in spans)
-            from ttft.analysis._kernels import paint_owners  # numba: only wide requests
+            from ttft.analysis._wide_kernels import paint_owners  # numba: only wide requests
 
             first = np.take_along_axis(first, order, axis=1)
             stop = np.take_along_axis(stop, order, axis=1)
@@ -377,6 +377,14 @@ class _Block:
         length, first, stop = self._segments
         first = np.take_along_axis(first, order, axis=1)
         stop = np.take_along_axis(stop, order, axis=1)
+        if self.k > MAX_BITS:  # wide: a sweep, not (K, K) ancestors and (S, K) masks
+            from ttft.analysis._wide_kernels import shared_wide  # numba: only wide requests
+
+            per_col, uncovered = shared_wide(first.astype(np.int64), stop.astype(np.int64),
+                                             parent.astype(np.int64), length)
+            att = self.sum_by_stage(out_stage, per_col)
+            att[:, CODE["unattributed"]] += uncovered
+            return att
         seg = np.arange(2 * self.k + 1, dtype=np.int16)[None, :, None]
         active = (first[:, None, :] <= seg) & (seg < stop[:, None, :])
         # anc[n, i, j]: column i is an ancestor of column j (sorted order).

@@ -41,7 +41,6 @@ import pandas as pd
 
 from ttft.analysis._bootstrap import block_length, bootstrap_percentiles
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.change_rule import CORRECTION, FLOOR_MS, FLOOR_PCT
 from ttft.analysis.summary import PERCENTILES
 from ttft.tracer.schema import CONDITIONS, OUTCOMES, STAGE_NAMES
 
@@ -52,12 +51,21 @@ __all__ = ["COLUMNS", "CORRECTION", "FAILURE_COLUMNS", "FLOOR_MS", "FLOOR_PCT",
 _NS_PER_MS = 1e6
 _ALL = "all"
 _CONDITIONS = (_ALL, *CONDITIONS)
+CORRECTION = "holm"
+"""The multiple-comparison correction of every p-value: Holm's step-down method (weighted,
+see :data:`TTFT_SHARE`)."""
+FLOOR_MS = 0.1
+"""The practical floor's absolute part: a smaller delta (ms) is never a change."""
 TTFT_SHARE = 0.5
 """The share of the error budget of Holm's correction the TTFT rows carry together (the
 stage rows, many more, carry the rest): TTFT, what users and ``--max-regression`` gate on,
 is not diluted by the stages that explain it."""
 TAIL_REQUESTS = 5
 """A percentile is tested only where each side has at least this many requests beyond it."""
+FLOOR_PCT = 1.0
+"""The practical floor's relative part: a delta under this percent of A's value is never
+a change."""
+
 COLUMNS = (
     "condition",
     "metric",

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from ttft.analysis.change_rule import CORRECTION, FLOOR_MS, FLOOR_PCT
 from ttft.reports._text import plain
 from ttft.reports.cli._app import app, err, fail, progress, stdout_console
 from ttft.reports.cli._options import (
@@ -32,6 +31,12 @@ from ttft.tracer.schema import BOUNDARY_NAMES
 
 if TYPE_CHECKING:
     import pandas as pd
+
+# analysis.compare's defaults, repeated so that --help shows them without loading the
+# analysis (ttft.analysis imports pandas); tests/reports/test_cmd_compare.py pins them equal.
+CORRECTION = "holm"
+FLOOR_MS = 0.1
+FLOOR_PCT = 1.0
 
 _CONFIDENCE = 0.95
 

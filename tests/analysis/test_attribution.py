@@ -300,9 +300,9 @@ def test_vectorized_equals_sweep(compiled, seed, n_requests, hex_ids):
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 10**9), st.integers(1, 3), st.integers(60, 200))
 def test_wide_requests_equal_the_sweep(seed, n_requests, children):
-    """Requests wider than a block's bits (over `MAX_BITS` spans: the painted owners and
-    the sorted unions, linear in spans) against the plain sweep, exclusive policy."""
-    _vectorized_equals_sweep(seed, n_requests, True, children, ("exclusive",))
+    """Requests wider than a block's bits (over `MAX_BITS` spans: the painted owners, the
+    sorted unions and the shared sweep, linear in spans) against the plain sweep."""
+    _vectorized_equals_sweep(seed, n_requests, True, children, POLICIES)
 
 
 def _vectorized_equals_sweep(seed, n_requests, hex_ids, children=7, policies=POLICIES):

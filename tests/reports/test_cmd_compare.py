@@ -303,3 +303,15 @@ def test_two_runs_of_the_reference_server_at_one_rate_and_seed_flag_nothing(
     assert [c["check"] for c in out["load_checks"]] == [
         "offered load", "max output tokens", "achieved rate", "prompt tokens"]
     assert "no significant regression over 0%" in result.stderr
+
+
+def test_the_command_line_defaults_are_the_analysis_defaults():
+    """``ttft compare`` repeats analysis.compare's defaults (so --help loads no analysis):
+    they are the same values."""
+    import importlib
+
+    method = importlib.import_module("ttft.analysis.compare")
+    command = importlib.import_module("ttft.reports.cli.compare")
+
+    assert (command.CORRECTION, command.FLOOR_MS, command.FLOOR_PCT) == (
+        method.CORRECTION, method.FLOOR_MS, method.FLOOR_PCT)
