@@ -74,14 +74,18 @@ async def _closed_loop(url: str, items: list[workloads.WorkItem], model: str,
     settled or ``max_s`` passed; in-flight requests are cancelled."""
     task: asyncio.Task[list[loadgen.RequestResult]] | None = None
     estimate: RateEstimate | None = None
+    stopped = False
 
     def stop_when_settled(result: loadgen.RequestResult) -> None:
-        nonlocal estimate
+        nonlocal estimate, stopped
+        if stopped:  # completions racing the cancel must not replace the settled estimate
+            return
         if result.error is None:
             estimate = steady_rate(clock.completion_ns, skip=concurrency, batch=concurrency,
                                    min_batches=PROBE_MIN_BATCHES)
         settled = estimate is not None and estimate.relative_spread <= PROBE_TOLERANCE
         if task is not None and (settled or clock.load_s >= max_s):
+            stopped = True
             task.cancel()
 
     clock = LoadClock(on_result=stop_when_settled)
