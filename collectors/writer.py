@@ -334,6 +334,7 @@ class TraceWriter:
     def _run_timer(self) -> None:
         interval_ns = self._flush_interval_ns
         assert interval_ns is not None
+        failing = False  # a failure is logged once, and its end once, not every interval
         while not self._stop.is_set():
             with self._lock:
                 oldest_ns = self._oldest_ns
@@ -341,8 +342,17 @@ class TraceWriter:
             if oldest_ns is not None and now_ns - oldest_ns >= interval_ns:
                 try:
                     self.flush()
-                except Exception:
-                    logger.exception("%s: timed flush failed", self.path)
+                except Exception as exc:
+                    if not failing:
+                        logger.warning("%s: timed flush failed (%s); retrying every %.3g s, "
+                                       "the rows stay in the span log", self.path, exc,
+                                       interval_ns / 1e9)
+                    failing = True
+                    self._stop.wait(interval_ns / 1e9)  # not at once: no spin while it fails
+                    continue
+                if failing:
+                    logger.warning("%s: timed flushes succeed again", self.path)
+                failing = False
                 continue
             wait_ns = interval_ns if oldest_ns is None else oldest_ns + interval_ns - now_ns
             self._stop.wait(wait_ns / 1e9)

@@ -111,6 +111,33 @@ def test_http_answers_503_while_full_and_stores_again_with_space(small_disk, cap
     assert sum("has space again" in m for m in messages) == 1, messages
 
 
+def test_timed_flushes_failing_on_a_full_disk_log_once_and_do_not_spin(small_disk, caplog):
+    """The writer's timer, flushing every 50 ms into a full disk, logs the failure once and
+    its end once, and waits between tries (it once retried at once, in a loop)."""
+    caplog.set_level(logging.WARNING, logger="ttft.collectors.writer")
+    trace = small_disk / "run.parquet"
+    writer = TraceWriter(trace, log=True, flush_interval_s=0.05, flush_spans=10**6)
+    rows = [{"trace_id": format(i + 1, "032x"), "span_id": format(i + 1, "016x"),
+             "name": "x" * 300, "stage": "other", "start_ns": i, "end_ns": i + 1,
+             "clock": "c", "service": "s"} for i in range(100)]
+    with writer._io_lock:  # no flush until the disk is full: the rows wait in the log
+        writer.append(rows, durable=True)
+        ballast = small_disk / "ballast"
+        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        ballast.write_bytes(bytes(free))
+    import time
+
+    time.sleep(1.0)  # about 20 intervals of failing flushes
+    ballast.unlink()
+    time.sleep(0.5)
+    writer.close()
+    messages = [r.getMessage() for r in caplog.records if r.name == "ttft.collectors.writer"]
+    failed = [m for m in messages if "timed flush failed" in m]
+    assert len(failed) == 1, messages
+    assert sum("succeed again" in m for m in messages) == 1, messages
+    assert {r["span_id"] for r in rows} <= set(read_spans(trace).column("span_id").to_pylist())
+
+
 def test_a_segment_cut_by_a_full_disk_reads_as_empty(small_disk):
     """A log segment whose header a full disk cut holds nothing acknowledged: the run reads
     around it, never refused."""
