@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "storage": ([], ["--requests", "5000"]),
     "receiver": ([], ["--spans", "16384", "--rounds", "3"]),
     "scale": ([], ["--quick"]),
+    "wide_request": ([], ["--spans", "5000", "50000"]),
 }
 
 
