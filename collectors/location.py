@@ -30,11 +30,9 @@ class TraceLocation:
     format: str | None = None
     mapping: str | None = None
     table: pa.Table | None = field(default=None, repr=False, compare=False)
-    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
-    """What this process made of the trace and may reuse (never pickled)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "table": None, "memo": {}}
+        return {**self.__dict__, "table": None}
 
     def __str__(self) -> str:
         return self.path

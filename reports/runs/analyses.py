@@ -203,9 +203,9 @@ def _part_task(location: TraceLocation, piece: Piece, offsets: Sequence[ClockOff
 
 
 def _spans_task(location: TraceLocation, piece: Piece, offsets: Sequence[ClockOffset] | None,
-                steps: Any, wanted: Sequence[tuple[int, int, int]]) -> list[pd.DataFrame]:
-    """``request_spans`` of each ``(request, a_ns, b_ns)`` of the piece."""
-    asm = location.memo.get(("assembly", piece))
+                steps: Any, wanted: Sequence[tuple[int, int, int]], asm: Any) -> list[pd.DataFrame]:
+    """``request_spans`` of each ``(request, a_ns, b_ns)`` of the piece, from its assembly
+    (``asm``, the part's when this process kept it; else assembled again here)."""
     if asm is None:
         asm = assemble_table(_table(location, piece), offsets)
     return [request_spans(asm, request, a_ns, b_ns, steps) for request, a_ns, b_ns in wanted]
@@ -241,7 +241,7 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
         ((metadata, inputs, setup),) = run.map(_whole_task, location, pieces, regime,
                                                on_done=on_done)
     report = None if regime is None else ReportInputs(None, setup, rows)
-    keep = getattr(run, "keeps", False)
+    keep = run.keeps
     parts = run.map(_part_task, location, pieces, offsets, boundary, policy, report, steps,
                     keep, on_done=on_done)
     chosen = boundary or default_boundary(parts)
@@ -251,9 +251,6 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
         redone = dict(zip(again, run.map(_part_task, location, again, offsets, chosen, policy,
                                          report, steps, keep), strict=True))
         parts = [redone.get(k, part) for k, part in zip(pieces, parts, strict=True)]
-    for k, part in zip(pieces, parts, strict=True):
-        if part.assembly is not None:
-            location.memo[("assembly", k)] = part.assembly
     analysis = merge(parts, offsets=offsets, metadata=metadata, trace=str(location), slo=slo,
                      inputs=inputs, regime=setup)
     return _Run(analysis, parts, pieces, offsets, steps)
@@ -336,8 +333,9 @@ def _waterfalls(location: TraceLocation, run: Runner, done: _Run) -> list[Waterf
         b_ns = a_ns + int(attribution.requests["ttft_ns"].iloc[row])
         wanted.setdefault(done.pieces[k], []).append((local, a_ns, b_ns))
     holding = [piece for piece in done.pieces if piece in wanted]
+    kept = {piece: part.assembly for piece, part in zip(done.pieces, done.parts, strict=True)}
     fetched = run.map(_spans_task, location, holding, done.offsets, done.steps,
-                      each={piece: (wanted[piece],) for piece in holding})
+                      each={piece: (wanted[piece], kept[piece]) for piece in holding})
     frames = {(piece, local): frame
               for piece, batch in zip(holding, fetched, strict=True)
               for (local, _, _), frame in zip(wanted[piece], batch, strict=True)}
