@@ -115,5 +115,5 @@ def _counted(table: pa.Table, key: str) -> tuple[int, list[str]]:
         return 0, []
     count, examples = counted.get("count"), counted.get("examples")
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        return 0, []  # malformed, as `collectors.run_counts` reads it: never a negative count
+        return 0, []  # malformed, as `tracer.schema.counted_sums` reads it: never a negative count
     return count, [str(e) for e in examples] if isinstance(examples, list) else []

@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ttft.collectors._files import fsync
+from ttft.collectors.layout import fsync
 from ttft.tracer.schema import SPAN_SCHEMA
 
 MAGIC = b"TTFTLOG1"

@@ -19,8 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from ttft.collectors._spans import to_span_table
 from ttft.collectors.otlp_rows import request_to_rows
-from ttft.collectors.run_counts import smallest_examples
 from ttft.collectors.writer import TraceWriter
+from ttft.tracer.schema import smallest_examples
 
 Sink = Callable[[pa.Table], None]
 """Takes one table of span rows; called from server threads, so it must be thread-safe."""
@@ -126,7 +126,7 @@ class ReceiverBookkeeping:
         spans_received: spans accepted and handed to the sink.
         spans_rejected: invalid spans dropped from otherwise good requests.
         rejected_examples: the smallest distinct messages of those (at most
-            `run_counts.EXAMPLES`), for the run metadata's ``rejected``.
+            `tracer.schema.EXAMPLES`), for the run metadata's ``rejected``.
         rejected: requests answered with an error status.
         max_inflight_bytes: the budget on bytes in flight.
     """

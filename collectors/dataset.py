@@ -22,7 +22,7 @@ partition is read (``read_dataset``, and a cluster's driver).
 Every ``part=K/`` directory exists, with a ``spans.parquet`` (empty when the partition owns
 no row). The Parquet files are ttft traces (``collectors/_files.py``: run metadata under
 ``METADATA_KEY``, ``WRITE_OPTIONS``), each written under a temporary name and renamed.
-Partition 0's files alone carry the input's counts (`run_counts.COUNTED`: the importer's
+Partition 0's files alone carry the input's counts (`tracer.schema.COUNTED`: the importer's
 ``rejected`` and ``estimated`` spans), so sums over partitions equal the whole. The
 ``_ttft_dataset.json`` is written last, the same way, so a dataset whose writing stopped
 half way is never read as one: ``part=K/`` directories without it are refused.
@@ -52,11 +52,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ttft.collectors._files import fsync, replace_bytes, write_atomic
 from ttft.collectors.errors import TraceFileError
+from ttft.collectors.layout import fsync, replace_bytes, write_atomic
 from ttft.collectors.parquet import read_parquet
-from ttft.collectors.run_counts import COUNTED
-from ttft.tracer.schema import SCHEMA_VERSION, run_metadata
+from ttft.tracer.schema import COUNTED, SCHEMA_VERSION, run_metadata
 
 __all__ = [
     "DATASET_FILE",

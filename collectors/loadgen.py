@@ -31,11 +31,10 @@ from ttft.collectors._client_request import SERVICE, Request, RequestResult, sen
 from ttft.collectors._pool import Pool
 from ttft.collectors._sender import Origin, wait_until
 from ttft.collectors._spans import to_span_table
-from ttft.collectors.run_counts import smallest_examples
 from ttft.collectors.workloads import WorkItem, Workload
 from ttft.tracer.api import clock_ns
 from ttft.tracer.context import format_traceparent
-from ttft.tracer.schema import ATTR_ESTIMATED, OUTCOME_CANCELLED
+from ttft.tracer.schema import ATTR_ESTIMATED, OUTCOME_CANCELLED, smallest_examples
 
 if TYPE_CHECKING:
     from ttft.collectors.writer import TraceWriter

@@ -30,8 +30,8 @@ from ttft.collectors._otlp_common import (
     store_export,
 )
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
-from ttft.collectors.run_counts import smallest_examples
 from ttft.collectors.writer import TraceWriter
+from ttft.tracer.schema import smallest_examples
 
 __all__ = ["EXPORT_METHOD", "Collector", "OTLPGrpcReceiver"]
 

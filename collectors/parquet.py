@@ -17,11 +17,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ttft.collectors._log import LogError, read_log
-from ttft.collectors._runs import Run, refreshed, trace_runs
 from ttft.collectors._spans import Fail, conform
 from ttft.collectors.errors import MAX_DECOMPRESSED_BYTES, MAX_PARQUET_RATIO, TraceFileError
-from ttft.collectors.run_counts import COUNTED, SKIPPED, counted_sums
-from ttft.tracer.schema import COLUMNS, INPUTS_KEY, METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
+from ttft.collectors.layout import Run, refreshed, trace_runs
+from ttft.tracer.schema import (
+    COLUMNS,
+    INPUTS_KEY,
+    METADATA_KEY,
+    SCHEMA_VERSION,
+    SPAN_SCHEMA,
+    newest_run_metadata,
+)
 
 __all__ = ["iter_batches", "read_parquet", "read_parquet_metadata", "trace_files"]
 
@@ -201,9 +207,7 @@ def _file_tables(file: Path, batch_rows: int, budget: _Budget
 
 
 def _newest_with_counts(runs: list[bytes]) -> bytes:
-    """The newest run's metadata (the last of ``runs``), with the defects every run counted
-    summed (`run_counts.counted_sums`): spans one run's collector rejected are not lost
-    because a later run rejected none."""
+    """`newest_run_metadata` of raw run metadata (one that is not a JSON object: empty)."""
     parsed = []
     for raw in runs:
         try:
@@ -211,8 +215,7 @@ def _newest_with_counts(runs: list[bytes]) -> bytes:
         except (ValueError, RecursionError):
             meta = {}
         parsed.append(meta if isinstance(meta, dict) else {})
-    newest = {k: v for k, v in parsed[-1].items() if k not in (*COUNTED, SKIPPED)}
-    return json.dumps({**newest, **counted_sums(parsed)}).encode()
+    return json.dumps(newest_run_metadata(parsed)).encode()
 
 
 def read_parquet(path: str | os.PathLike[str]) -> pa.Table:

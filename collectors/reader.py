@@ -22,7 +22,6 @@ from typing import IO
 
 import pyarrow as pa
 
-from ttft.collectors._files import parts_dir
 from ttft.collectors.dataset import (
     DATASET_FILE,
     is_dataset,
@@ -34,6 +33,7 @@ from ttft.collectors.errors import TraceFileError
 from ttft.collectors.importers import IMPORTERS
 from ttft.collectors.importers._base import MAX_DECOMPRESSED_BYTES, head
 from ttft.collectors.importers.mapping import StageMapping, default_mapping, load_mapping
+from ttft.collectors.layout import parts_dir
 from ttft.tracer.schema import OWN_ROWS_KEY, read_inputs, run_metadata, with_run_metadata
 
 __all__ = ["FIFO_WAIT_S", "STDIN", "guess_format", "read_inputs", "read_spans", "run_metadata"]

@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ttft.collectors._files import fsync
 from ttft.collectors.dataset import DATASET_FILE, STAGING_DIR
 from ttft.collectors.errors import TraceFileError
+from ttft.collectors.layout import fsync
 
 __all__ = ["STAGING_DIR", "holding", "next_path", "recover", "staging_path", "swap_in"]
 

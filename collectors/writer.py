@@ -16,7 +16,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ttft.collectors._files import (
+from ttft.collectors._log import (
+    GroupCommit,
+    LogSegment,
+    encode_batch,
+    encode_metadata,
+    read_log,
+)
+from ttft.collectors._spans import to_span_table
+from ttft.collectors.layout import (
     WRITE_OPTIONS,
     discard,
     fsync,
@@ -28,14 +36,6 @@ from ttft.collectors._files import (
     uncovered_logs,
     write_atomic,
 )
-from ttft.collectors._log import (
-    GroupCommit,
-    LogSegment,
-    encode_batch,
-    encode_metadata,
-    read_log,
-)
-from ttft.collectors._spans import to_span_table
 from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
 __all__ = ["TraceWriter", "replace_bytes", "write_trace"]  # replace_bytes: for small files

@@ -657,7 +657,7 @@ def test_trace_readers_open_files_read_only():
             assert mode in ("r", "rb", "rt", "os.O_RDONLY", "os.O_RDONLY | os.O_NONBLOCK"), (
                 line, mode)
         assert _writes(tree) == ({"target.write"} if tree is reader else set())
-    files = tree_of("ttft.collectors._files")
+    files = tree_of("ttft.collectors.layout")
     assert _writes(function(files, "part_files")) == set()
     # the scan sees writes: the rename of every atomic write, and the Parquet write
     assert "os.replace" in _writes(function(files, "_replacing"))

@@ -8,7 +8,7 @@ no torch, so every tool that only reads traces stays light.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, Final
@@ -62,6 +62,63 @@ def with_run_metadata(table: pa.Table, metadata: Mapping[str, Any]) -> pa.Table:
     metadata kept): the one writer of it on a table."""
     return table.replace_schema_metadata({**(table.schema.metadata or {}),
                                           METADATA_KEY: json.dumps(metadata).encode()})
+
+
+# --- several runs' metadata as one --------------------------------------------------------
+# Run metadata of several runs or inputs read as one trace: the defects each run counted
+# (spans an importer or a collector rejected, intervals a source estimated, events an
+# importer skipped) are summed over all of them, so no run's counts stand for all.
+
+COUNTED = ("rejected", "estimated")
+"""Defects counted in run metadata as ``{"count", "examples"}`` (``analysis.quality``)."""
+SKIPPED = "skipped_events"
+"""Events an importer skipped, ``{event: count}``."""
+EXAMPLES = 10
+"""Examples kept per counted defect: the smallest distinct ones."""
+
+
+def smallest_examples(groups: Iterable[Iterable[Any]]) -> list[str]:
+    """The smallest `EXAMPLES` distinct examples (as text) of ``groups``: the same whatever
+    the order they came in, or the runs and receivers they came from."""
+    return sorted({str(e) for group in groups for e in group})[:EXAMPLES]
+
+
+def counted_sums(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The `COUNTED` defects and `SKIPPED` events of ``runs`` summed (only the keys some run
+    has); a count that is not a non-negative integer is left out, as the analysis would
+    ignore it."""
+    runs = list(runs)
+    out: dict[str, Any] = {}
+    for key in COUNTED:
+        found = [r[key] for r in runs if isinstance(r.get(key), Mapping)
+                 and _is_count(r[key].get("count"))]
+        if found:
+            examples = smallest_examples(f["examples"] for f in found
+                                         if isinstance(f.get("examples"), list))
+            out[key] = {"count": sum(f["count"] for f in found), "examples": examples}
+    skipped: dict[str, int] = {}
+    for r in runs:
+        events = r.get(SKIPPED)
+        for event, count in (events.items() if isinstance(events, Mapping) else ()):
+            if _is_count(count):
+                skipped[event] = skipped.get(event, 0) + count
+    if skipped:
+        out[SKIPPED] = dict(sorted(skipped.items()))
+    return out
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def newest_run_metadata(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The run metadata of several runs of one recording read as one trace (a directory of
+    runs, a dataset and its staged runs): the newest's (the last of ``runs``), with the
+    defects every run counted summed (`counted_sums`): spans one run's collector rejected
+    are not lost because a later run rejected none."""
+    newest = {k: v for k, v in runs[-1].items() if k not in (*COUNTED, SKIPPED)}
+    return {**newest, **counted_sums(runs)}
+
 
 @cache
 def _span_schema() -> pa.Schema:

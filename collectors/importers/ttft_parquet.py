@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ttft.collectors._files import parts_dir
 from ttft.collectors.dataset import looks_like_dataset, read_dataset
 from ttft.collectors.importers._base import head
+from ttft.collectors.layout import parts_dir
 from ttft.collectors.parquet import read_parquet
 
 

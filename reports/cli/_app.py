@@ -113,17 +113,13 @@ def load_trace(
 def note_staged(path: Path) -> None:
     """Say so when a dataset holds spans a collect staged and has not partitioned in yet
     (it was killed, or is still running): a reader of the dataset does not see them."""
-    from ttft.collectors import dataset_info, is_dataset
-    from ttft.collectors.staging import staging_path
+    from ttft.collectors import TraceLocation, dataset_info
 
-    staging = staging_path(Path(path))
-    if not (is_dataset(path) and staging.is_dir()):
-        return
-    runs = [child for child in staging.iterdir() if not child.name.startswith(".")]
-    if runs:
+    location = TraceLocation(str(path))
+    if runs := location.staged_runs():
         n = dataset_info(path)["partitions"]
-        err.print(plain(f"{staging}: {_count(len(runs), 'run')} of spans a collect staged "
-                        "and has not partitioned in (killed, or still running): not in "
+        err.print(plain(f"{location.staging}: {_count(len(runs), 'run')} of spans a collect "
+                        "staged and has not partitioned in (killed, or still running): not in "
                         f"this analysis; ttft collect -o {path} --partitions {n} partitions them "
                         "in"), soft_wrap=True)
 

@@ -67,10 +67,10 @@ def analysed(traces: Sequence[Path], *, format: str | None, mapping: Path | None
             with runner() as here, progress(f"{what} {spans:,} spans"):
                 yield Where(here, locations, None)
             return
-        _refuse_plain(traces, format)
+        locations = [TraceLocation(str(trace), format, named) for trace in traces]
+        _refuse_plain(locations, format)
         for trace in traces:
             note_staged(trace)
-        locations = [TraceLocation(str(trace), format, named) for trace in traces]
         n = sum(location.partitions() for location in locations)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn())
@@ -89,15 +89,14 @@ def analysed(traces: Sequence[Path], *, format: str | None, mapping: Path | None
         raise fail(f"{where}: {exc.strerror or exc}") from None
 
 
-def _refuse_plain(traces: Sequence[Path], format: str | None) -> None:
-    from ttft.collectors import is_dataset
-
+def _refuse_plain(locations: Sequence[Any], format: str | None) -> None:
     if format not in (None, "ttft"):
         raise fail(f"--format {format}: --workers and --scheduler read ttft datasets only")
-    for trace in traces:
-        if not is_dataset(trace):
-            raise fail(f"{trace}: not a partitioned dataset; --workers and --scheduler analyse "
-                       f"one, made with: ttft partition {trace} -o DATASET --partitions N")
+    for location in locations:
+        if location.kind != "dataset":
+            raise fail(f"{location}: not a partitioned dataset; --workers and --scheduler "
+                       f"analyse one, made with: ttft partition {location} -o DATASET "
+                       "--partitions N")
 
 
 def regime_options(model_config: Path | None, peak_tflops: float | None,

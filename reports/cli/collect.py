@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ttft.reports._text import plain
-from ttft.reports.cli._app import app, err, fail, progress
+from ttft.reports.cli._app import _count, app, err, fail, progress
+
+if TYPE_CHECKING:
+    from ttft.collectors import TraceLocation
 
 _POLL_S = 0.2  # how often the wait loop wakes; bounds how late --duration stops
-
-
-def _trace_path(out: Path) -> Path:
-    """A new trace file in ``out``: one per run, so runs into one directory accumulate and
-    ``read_spans(out)`` reads them all."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return out / f"collect-{stamp}-{os.getpid()}.parquet"
 
 
 def _wait(stop: threading.Event, duration_s: float | None, tick: Any = None) -> None:
@@ -81,17 +76,17 @@ class _Listen:
     token: str | None
 
 
-def _receive(out: Path, listen: _Listen, duration_s: float | None) -> None:
-    """Receive into a new trace file in ``out`` until a signal or ``duration_s``, then
-    close it and say what was collected."""
-    from ttft.collectors import TraceWriter
+def _receive(out: TraceLocation, listen: _Listen, duration_s: float | None, *,
+             staged: bool) -> None:
+    """Receive into a new run appended to ``out`` (``staged``: in the dataset's staging)
+    until a signal or ``duration_s``, then close it and say what was collected."""
     from ttft.collectors.otlp_grpc import Collector
 
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        writer = TraceWriter(_trace_path(out), log=True)
+        writer = out.writer(staged=staged, log=True)
     except OSError as exc:
-        raise fail(f"{out}: cannot write a trace there ({exc.strerror or exc})") from None
+        where = out.staging if staged else out.path
+        raise fail(f"{where}: cannot write a trace there ({exc.strerror or exc})") from None
     collector = Collector(writer, host=listen.host, http_port=listen.http_port,
                           grpc_port=listen.grpc_port, token=listen.token)
     stop = threading.Event()
@@ -184,8 +179,14 @@ def collect(
     listen = _Listen(host, None if no_http else http_port, None if no_grpc else grpc_port,
                      token)
     if partitions is None:
-        _refuse_dataset(out)
-        _receive(out, listen, duration)
+        from ttft.collectors import TraceLocation
+
+        location = TraceLocation(str(out))
+        try:
+            location.appendable()
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        _receive(location, listen, duration, staged=False)
         return
     if partitions < 1:
         raise fail(f"--partitions must be at least 1, not {partitions}")
@@ -196,18 +197,22 @@ def _collect_dataset(out: Path, partitions: int, listen: _Listen,
                      duration_s: float | None) -> None:
     """``ttft collect --partitions``: receive into the dataset's staging, then partition
     it in (``reports/runs/partitioned.py``), holding the dataset's lock throughout."""
-    from ttft.collectors import TraceFileError
-    from ttft.collectors.staging import holding, recover, staging_path
+    from ttft.collectors import TraceFileError, TraceLocation
+    from ttft.collectors.staging import holding, recover
     from ttft.reports.cli.partition import describe_written
     from ttft.reports.runs.partitioned import finish_staging
 
-    staging = staging_path(out)
+    staging = TraceLocation(str(out)).staging
     try:
         with holding(out):
             recover(out)
-            _check_dataset(out, partitions)
+            location = TraceLocation(str(out))  # looked at after a crashed swap is put right
+            location.appendable(partitions)
+            if earlier := location.staged_runs():
+                err.print(plain(f"{staging}: {_count(len(earlier), 'run')} of an earlier "
+                                "collect, partitioned in at the stop"), soft_wrap=True)
             try:
-                _receive(staging, listen, duration_s)
+                _receive(location, listen, duration_s, staged=True)
             except typer.Exit:
                 if staging.is_dir() and not any(staging.iterdir()):
                     staging.rmdir()  # a run that never started leaves no staging
@@ -222,55 +227,3 @@ def _collect_dataset(out: Path, partitions: int, listen: _Listen,
         raise fail(f"{exc.filename or out}: cannot write ({exc.strerror or exc})") from None
     if written is not None:
         err.print(plain(describe_written(written)), soft_wrap=True)
-
-
-def _refuse_dataset(out: Path) -> None:
-    """A plain collect never writes into a partitioned dataset: no reader reads a trace
-    file beside its partitions, and the next collect --partitions would swap it away.
-
-    Raises:
-        typer.Exit: code 2, naming the --partitions run that collects into it.
-    """
-    from ttft.collectors import dataset_info, is_dataset
-
-    if out.is_dir() and is_dataset(out):
-        n = dataset_info(out)["partitions"]
-        raise fail(f"{out}: a partitioned dataset; collect into it with --partitions {n} "
-                   "(spans are staged in it and partitioned in at the stop), or into "
-                   "another directory")
-
-
-def _check_dataset(out: Path, partitions: int) -> None:
-    """Refuse an ``out`` that is not new, empty, or a dataset of ``partitions`` (with or
-    without the staging of a killed collect); say when staged runs will be partitioned in.
-
-    Raises:
-        ValueError: the message says what ``out`` is.
-    """
-    import re
-
-    from ttft.collectors import DATASET_FILE, is_dataset
-    from ttft.collectors.staging import STAGING_DIR, staging_path
-    from ttft.reports.runs.partitioned import check_partitions
-
-    if not out.is_dir():
-        return
-    if not is_dataset(out) and any(child.name != STAGING_DIR for child in out.iterdir()):
-        raise ValueError(f"{out}: neither a ttft dataset nor empty; collect a dataset into a "
-                         "new or empty directory, or one an earlier collect --partitions wrote")
-    check_partitions(out, partitions)
-    # The swap replaces the whole directory: whatever is not the dataset's would be lost.
-    foreign = sorted(child.name for child in out.iterdir()
-                     if child.name not in (DATASET_FILE, STAGING_DIR)
-                     and not re.fullmatch(r"part=\d+", child.name))
-    if foreign:
-        raise ValueError(f"{out}: holds {', '.join(foreign[:3])}"
-                         f"{' and more' if len(foreign) > 3 else ''}, which is not part of the "
-                         "dataset and would be lost when the new dataset is swapped in; move "
-                         "it out first")
-    staging = staging_path(out)
-    earlier = sorted(staging.iterdir()) if staging.is_dir() else []
-    if earlier:
-        runs = f"{len(earlier)} run{'' if len(earlier) == 1 else 's'}"
-        err.print(plain(f"{staging}: {runs} of an earlier collect, partitioned in at the "
-                        "stop"), soft_wrap=True)

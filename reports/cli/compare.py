@@ -97,11 +97,11 @@ def compare(
     summaries = [x.summary for x in analyses]
     metadata = [x.metadata for x in analyses]
     from ttft.analysis.load_compare import prompt_tokens
-    from ttft.collectors import is_dataset
+    from ttft.collectors import TraceLocation
 
     # A partitioned dataset's prompt lengths are not gathered across its partitions (see
     # `compare`): one process leaves them out too, so both give one answer for one dataset.
-    prompts = None if any(is_dataset(path) or x.assembly is None
+    prompts = None if any(TraceLocation(str(path)).kind == "dataset" or x.assembly is None
                           for path, x in zip((a, b), analyses, strict=True)) else tuple(
         prompt_tokens(x.assembly) for x in analyses)
     chosen = attrs[0].boundary

@@ -9,24 +9,22 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ttft.collectors.run_counts import COUNTED, SKIPPED, counted_sums
 from ttft.reports._text import plain
 from ttft.reports.cli._app import app, err, fail, load_trace, progress
 from ttft.reports.cli._options import FormatOption, MappingOption
+from ttft.tracer.schema import COUNTED, SKIPPED, counted_sums
 
 if TYPE_CHECKING:
     from ttft.reports.runs.partitioned import Written
 
 
 def _refuse_nonempty(out: str) -> None:
-    """Exit before reading anything when the local ``out`` is a file or a non-empty
-    directory (``write_dataset`` checks a URL itself)."""
+    """Exit before reading anything when ``out`` is not new or an empty directory (a URL
+    is checked by ``write_dataset`` itself)."""
+    from ttft.collectors import TraceLocation
     from ttft.collectors.dataset import is_url
 
-    target = Path(out)
-    if is_url(out) or not target.exists():
-        return
-    if not target.is_dir() or any(target.iterdir()):
+    if not is_url(out) and TraceLocation(out).kind not in ("new", "empty"):
         raise fail(f"{out}: exists and is not an empty directory; write the dataset to a new "
                    "or empty directory")
 

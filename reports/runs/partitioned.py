@@ -12,12 +12,15 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["Written", "check_partitions", "finish_staging", "write_partitioned"]
+if TYPE_CHECKING:
+    from ttft.collectors import TraceLocation
+
+__all__ = ["Written", "finish_staging", "write_partitioned"]
 
 Progress = Callable[[str], AbstractContextManager[Any]]
 """``progress(message)``: a context manager shown while a step runs."""
@@ -69,43 +72,26 @@ def write_partitioned(
                    len(rows.copy_rows), int(largest.max()))
 
 
-def _staged(dataset: Path) -> tuple[list[pa.Table], dict[str, Any], list[str]]:
+def _staged(dataset: TraceLocation) -> tuple[list[pa.Table], dict[str, Any], list[str]]:
     """The tables to partition at ``dataset`` (its own rows, then its staged runs), the
     newest run metadata and the inputs (the dataset's, then each staged run's path)."""
-    from ttft.collectors import is_dataset, read_inputs, read_spans, run_metadata
-    from ttft.collectors.run_counts import counted_sums
-    from ttft.collectors.staging import staging_path
+    from ttft.collectors import TraceLocation, is_dataset, read_inputs, run_metadata
+    from ttft.tracer.schema import newest_run_metadata
 
     tables, metadata, inputs = [], {}, []
-    if is_dataset(dataset):
-        table = read_spans(dataset)
+    if is_dataset(dataset.path):
+        table = dataset.read()
         metadata = run_metadata(table)
         tables.append(table)
         inputs = list(metadata.get("inputs", []))
-    staging = staging_path(dataset)
-    if staging.is_dir() and any(staging.iterdir()):
-        table = read_spans(staging)
+    if dataset.staged_runs():
+        table = TraceLocation(str(dataset.staging)).read()
         staged = run_metadata(table)
-        # The newest run's metadata, with the defects the dataset and the runs counted summed.
-        metadata = {**metadata, **staged, **counted_sums([metadata, staged])}
+        metadata = {**metadata, **newest_run_metadata([metadata, staged])}
         tables.append(table)
-        runs = read_inputs(table) or [{"path": str(staging)}]
-        inputs += [str(Path(run["path"]).relative_to(dataset)) for run in runs]
+        runs = read_inputs(table) or [{"path": str(dataset.staging)}]
+        inputs += [str(Path(run["path"]).relative_to(dataset.path)) for run in runs]
     return tables, metadata, inputs
-
-
-def check_partitions(dataset: Path, partitions: int) -> None:
-    """Refuse to collect ``partitions`` into a dataset of another partition count.
-
-    Raises:
-        ValueError: it has another count; the message says which.
-        TraceFileError: its dataset file is unreadable.
-    """
-    from ttft.collectors import dataset_info, is_dataset
-
-    if is_dataset(dataset) and (have := dataset_info(dataset)["partitions"]) != partitions:
-        raise ValueError(f"{dataset}: a dataset of {have} partitions, not {partitions}; "
-                         f"collect into it with --partitions {have}, or into a new directory")
 
 
 def finish_staging(dataset: Path, partitions: int,
@@ -122,14 +108,15 @@ def finish_staging(dataset: Path, partitions: int,
         ValueError: a dataset of another partition count.
         OSError: a file cannot be written or renamed.
     """
-    from ttft.collectors.staging import next_path, staging_path, swap_in
+    from ttft.collectors import TraceLocation
+    from ttft.collectors.staging import next_path, swap_in
     from ttft.tracer.schema import SPAN_SCHEMA
 
-    staging = staging_path(dataset)
-    if not staging.is_dir():
+    location = TraceLocation(os.fspath(dataset))
+    if not location.staging.is_dir():
         return None
-    check_partitions(dataset, partitions)
-    tables, metadata, inputs = _staged(dataset)
+    location.appendable(partitions)
+    tables, metadata, inputs = _staged(location)
     table = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
     written = write_partitioned(next_path(dataset), table, partitions,
                                 {**metadata, "inputs": inputs}, progress)

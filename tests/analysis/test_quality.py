@@ -84,13 +84,12 @@ def test_examples_are_the_smallest_distinct_ones_in_one_part_or_several():
 
 def test_a_counted_defect_in_metadata_is_a_non_negative_integer():
     """Run metadata's ``rejected``/``estimated`` counts as the readers that sum runs read
-    them (``collectors.run_counts``): a negative, a bool or a text count is malformed,
+    them (``tracer.schema.counted_sums``): a negative, a bool or a text count is malformed,
     counted as 0, so one trace file and a directory of it give one answer."""
     import json
 
     from ttft.analysis.quality import estimated_spans, rejected_spans
-    from ttft.collectors.run_counts import counted_sums
-    from ttft.tracer.schema import METADATA_KEY
+    from ttft.tracer.schema import METADATA_KEY, counted_sums
 
     base = table(one_request())
     for count, expected in ((4, 4), (-3, 0), (True, 0), ("2", 0), (0, 0)):

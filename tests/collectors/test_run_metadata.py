@@ -1,4 +1,4 @@
-"""Run metadata of several runs read as one trace (``collectors.run_counts``): the defects
+"""Run metadata of several runs read as one trace (``tracer.schema.counted_sums``): the defects
 each run counted are summed, never the newest run's alone."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from ttft.collectors import read_spans, run_metadata, write_trace
 from ttft.collectors.parquet import read_parquet_metadata
-from ttft.collectors.run_counts import EXAMPLES, counted_sums
 from ttft.collectors.synthetic import generate
 from ttft.reports.cli import app
+from ttft.tracer.schema import EXAMPLES, counted_sums
 
 
 def test_a_directory_of_runs_counts_every_run_s_rejected_spans(tmp_path):

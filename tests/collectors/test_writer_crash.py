@@ -198,7 +198,7 @@ def test_replace_bytes_swaps_the_whole_file_and_leaves_no_temporary(tmp_path):
 
 
 def test_replace_bytes_that_fails_keeps_the_old_file(tmp_path, monkeypatch):
-    import ttft.collectors._files as files
+    import ttft.collectors.layout as files
     from ttft.collectors.writer import replace_bytes
 
     dest = tmp_path / "sweep.json"
