@@ -1,7 +1,7 @@
 """What every HTML page of ttft's is made of: the stylesheet, text escaped for markup, a
 figure's panel, a key / value table and a fold (a ``<details>`` element closed until
 clicked, under a one-line summary). The pages themselves are ``html_report`` (a trace)
-and ``sweep_view`` (a load sweep)."""
+and ``views/sweep.py`` (a load sweep)."""
 
 from __future__ import annotations
 

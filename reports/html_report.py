@@ -23,10 +23,10 @@ from ttft.reports import _figures
 from ttft.reports._colours import colour
 from ttft.reports._html import _CSS, _e, _figure, _ms, _rows, folded
 from ttft.reports._text import moved_in_all, spread_words
-from ttft.reports.metadata_view import metadata_rows, metadata_summary
-from ttft.reports.regime_view import ABOVE_PEAK, excess_line
 from ttft.reports.report_data import FIT_MIN_R2, ReportData
-from ttft.reports.transfer_view import transfer_html
+from ttft.reports.views.metadata import metadata_rows, metadata_summary
+from ttft.reports.views.regime import ABOVE_PEAK, excess_line
+from ttft.reports.views.transfer import transfer_html
 
 PLOTLY_JS_VERSION = "4.1.1"
 """The plotly.js version of the vendored bundle: the one ``plotly.offline.get_plotlyjs_version``

@@ -9,9 +9,9 @@ from rich.text import Text
 from ttft.analysis.quality import MEANING
 from ttft.analysis.summary import Summary
 from ttft.reports._text import labelled, moved_in_all, plain, spread_words
-from ttft.reports.stage_view import StageBlock, stage_table
 from ttft.reports.table_fit import FittedTable, allot, fit
-from ttft.reports.transfer_view import TITLE, transfer_rows
+from ttft.reports.views.stage import StageBlock, stage_table
+from ttft.reports.views.transfer import TITLE, transfer_rows
 from ttft.tracer.schema import CLIENT_CLOCK
 
 __all__ = [  # the fitting and the stage table are re-exported for the other renderers

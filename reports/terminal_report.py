@@ -15,7 +15,6 @@ from rich.text import Text
 from ttft.reports._colours import colour
 from ttft.reports._text import plain
 from ttft.reports.report_data import FIT_MIN_R2, ReportData
-from ttft.reports.stage_view import RAW_DROP, StageBlock
 from ttft.reports.terminal import (
     fit,
     render_failures,
@@ -24,6 +23,7 @@ from ttft.reports.terminal import (
     render_transfer,
     request_counts,
 )
+from ttft.reports.views.stage import RAW_DROP, StageBlock
 from ttft.tracer.schema import STAGE_NAMES
 
 _BAR_CHARS = 48
@@ -288,7 +288,7 @@ def render_report(data: ReportData, console: Console) -> None:
             console.print(fit(table, console, drop))
     found = data.regime
     if found is not None:
-        from ttft.reports.regime_view import render_regime
+        from ttft.reports.views.regime import render_regime
 
         render_regime(
             found.frame, found.summary, found.peaks, console, device_name=found.device_name

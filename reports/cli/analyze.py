@@ -74,7 +74,7 @@ def analyze(
             pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), per_request)
         except OSError as exc:
             raise fail(f"{per_request}: cannot write ({exc.strerror or exc})") from None
-    from ttft.reports.regime_view import profile_line
+    from ttft.reports.views.regime import profile_line
 
     # A prefill profile has prefill spans and no requests: its 0 requests and N no_window
     # defects would describe a request trace that it is not.
@@ -93,7 +93,7 @@ def analyze(
         out = {**analysis.summary.to_dict(), "regime": _regime_json(found)}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
         return
-    from ttft.reports.regime_view import render_regime
+    from ttft.reports.views.regime import render_regime
 
     if profile is None:
         print_summary(analysis)

@@ -121,7 +121,7 @@ def compare(
         failures = compare_failures(
             attrs[0], attrs[1], resamples=resamples, seed=seed, confidence=_CONFIDENCE
         )
-    from ttft.reports.compare_view import (
+    from ttft.reports.views.compare import (
         render_compare,
         render_failure_rates,
         render_header,

@@ -136,7 +136,7 @@ def profile_prefill(
 
 
 def _render(metadata: dict[str, Any], summary: ProfileSummary, console: Console) -> None:
-    from ttft.reports.regime_view import excess_line, fmt_bound, fmt_si, peaks_line
+    from ttft.reports.views.regime import excess_line, fmt_bound, fmt_si, peaks_line
 
     rows, peaks = summary.rows, summary.peaks
     config, device = metadata["model_config"], metadata["device"]

@@ -89,7 +89,7 @@ class _StepDisplay:
 
     @contextlib.contextmanager
     def step(self, index: int, level: float) -> Iterator[dict[str, Any]]:
-        from ttft.reports.sweep_view import level_text
+        from ttft.reports.views.sweep import level_text
 
         err.print(plain(f"step {index + 1}/{len(self.spec.levels)}: "
                         f"{level_text(self.spec.mode, level)}"))
@@ -105,7 +105,7 @@ class _StepRows:
         self.spec = spec
 
     def print(self, step: dict[str, Any]) -> None:
-        from ttft.reports.sweep_view import step_table
+        from ttft.reports.views.sweep import step_table
 
         err.print(step_table([step], self.spec.mode, slo=bool(self.spec.slo)))
 
@@ -116,7 +116,7 @@ def _finish(content: dict[str, Any], out: Path, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(content, indent=2) + "\n")
     else:
-        from ttft.reports.sweep_view import render_sweep
+        from ttft.reports.views.sweep import render_sweep
 
         render_sweep(content, stdout_console())
     err.print(plain(f"{ran} of {len(content['levels'])} steps traced into {out}; summary: "
@@ -144,11 +144,11 @@ def report_sweep(path: str, out: Path | None) -> bool:
     if content is None:
         return False
     if out is None:
-        from ttft.reports.sweep_view import render_sweep
+        from ttft.reports.views.sweep import render_sweep
 
         render_sweep(content, stdout_console())
         return True
-    from ttft.reports.sweep_view import write_sweep_html
+    from ttft.reports.views.sweep import write_sweep_html
 
     try:
         with progress(f"writing {out}"):

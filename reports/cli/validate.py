@@ -87,7 +87,7 @@ def validate(
                                   seed=seed, disaggregate=disaggregate, preemption=preemption)
     except OSError as exc:
         raise fail(f"{out}: {exc.strerror or exc}") from None
-    from ttft.reports.validate_view import render_preemption, render_validate
+    from ttft.reports.views.validate import render_preemption, render_validate
 
     stdout_console().print(render_validate(result))
     if result.preemption is not None:

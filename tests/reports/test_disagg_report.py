@@ -37,7 +37,7 @@ from ttft.reports.html_report import render_html
 from ttft.reports.perfetto import perfetto_events, validate_events
 from ttft.reports.report_data import build_report, lane_order
 from ttft.reports.terminal import render_analysis
-from ttft.reports.transfer_view import TITLE, rate_text
+from ttft.reports.views.transfer import TITLE, rate_text
 
 runner = CliRunner()
 PREFILL = f"{PREFILL_SERVICE} @ {PREFILL_CLOCK}"

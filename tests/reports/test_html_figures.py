@@ -18,8 +18,8 @@ from ttft.analysis.regime import Peaks, RegimeResult
 from ttft.analysis.summary import BANDS
 from ttft.collectors.synthetic import generate
 from ttft.reports import _figures, html_report
-from ttft.reports.metadata_view import metadata_rows, metadata_summary
 from ttft.reports.report_data import FIT_MIN_R2, build_report
+from ttft.reports.views.metadata import metadata_rows, metadata_summary
 
 BASIC_TRACES = {"scatter", "bar"}
 

@@ -23,8 +23,8 @@ from ttft.collectors import read_spans, run_metadata
 from ttft.engine.model import ModelConfig
 from ttft.reports.cli import app
 from ttft.reports.cli.profile_prefill import _print_fit, _render
-from ttft.reports.regime_view import render_regime
 from ttft.reports.runs.profile_prefill import RUN_COLUMNS, ProfileRun, profile_summary
+from ttft.reports.views.regime import render_regime
 
 runner = CliRunner()
 TINY = ["--model", "tiny", "--device", "cpu"]

@@ -24,7 +24,7 @@ from ttft.engine.server import build_engine, free_port, serving
 from ttft.reports.cli import app
 from ttft.reports.html_report import plotly_js
 from ttft.reports.runs.sweep import SweepSpec, knee_of, run_sweep
-from ttft.reports.sweep_view import (
+from ttft.reports.views.sweep import (
     GOODPUT_TITLE,
     STACK_TITLE,
     THROUGHPUT_TITLE,

@@ -23,7 +23,7 @@ from ttft.reports.report_data import build_report
 from ttft.reports.runs.validate import StageCheck
 from ttft.reports.terminal import fit, render_analysis
 from ttft.reports.terminal_report import LETTERS, render_report
-from ttft.reports.validate_view import render_validate
+from ttft.reports.views.validate import render_validate
 
 NUMBER = re.compile(r"-?\d[\d,]*\.\d+")
 
@@ -186,7 +186,7 @@ def test_a_stage_zero_in_one_condition_is_named_with_it():
                       "raw_mean": 5.0, "overlap_mean": 0.0},
               "prefill": {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0, "share": 0.0,
                           "raw_mean": 5.0, "overlap_mean": 5.0}}
-    from ttft.reports.stage_view import StageBlock
+    from ttft.reports.views.stage import StageBlock
 
     def draw(console):
         block = StageBlock(console, "engine", "exclusive")

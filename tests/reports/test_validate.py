@@ -77,11 +77,13 @@ def test_a_delay_claimed_but_not_applied_is_a_miss(tmp_path):
         delays_ms={"sample": 10, "detokenize": 5},
         applied_delays_ms={"sample": 0, "detokenize": 5},
     )
-    assert [(c.stage, c.injected_ms, c.ok) for c in result.stages] == [
-        ("sample", 10.0, False),
-        ("detokenize", 5.0, True),
-    ]
-    assert abs(result.stages[0].recovered_ms) < 1.0
+    sample, detokenize = result.stages
+    assert (sample.stage, sample.injected_ms, sample.ok) == ("sample", 10.0, False)
+    assert (detokenize.stage, detokenize.injected_ms) == ("detokenize", 5.0)
+    # Margins, not the 1 ms tolerance: on a loaded machine a median of 6 requests moves by
+    # a millisecond or two. The claimed delay recovers near 0, the applied one near 5 ms.
+    assert abs(sample.recovered_ms) < 3.0
+    assert 3.0 < detokenize.recovered_ms < 8.0
     assert not result.ok
 
 

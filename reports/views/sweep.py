@@ -20,9 +20,9 @@ from ttft.reports._colours import colour
 from ttft.reports._html import _CSS, _e, _figure, _rows, folded
 from ttft.reports._text import plain
 from ttft.reports.html_report import plotly_js
-from ttft.reports.metadata_view import metadata_rows
 from ttft.reports.terminal import FittedTable
 from ttft.reports.terminal_report import _fitted_bars, _legend, _stacked
+from ttft.reports.views.metadata import metadata_rows
 from ttft.tracer.schema import STAGE_NAMES
 
 __all__ = ["goodput_figure", "knee_text", "level_text", "render_sweep", "render_sweep_html",
