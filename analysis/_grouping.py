@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.analysis import _column_arrays as col
-from ttft.analysis._trees import CODE, N_STAGES, value_rank
+from ttft.analysis._trees import CODE, N_STAGES
 from ttft.analysis.clock_offset import in_range
 from ttft.tracer.schema import (
     ATTR_STEP_ID,
@@ -139,8 +139,9 @@ def group(table: pa.Table, d: Decoded) -> Grouping:
 @dataclass
 class StepKeys:
     """The rows the ``(service, step_id)`` join pairs: request ``prefill.chunk`` rows and
-    engine-trace (no request) ``gpu`` rows, each with its service code and step id; rows
-    without a step id are left out."""
+    engine-trace (no request) ``gpu`` rows, each with its service code and step id, and the
+    engine-trace ``step`` rows that carry a step id (they tell a reused id's steps apart);
+    rows without a step id are left out."""
 
     chunks: np.ndarray
     chunk_service: np.ndarray
@@ -148,6 +149,9 @@ class StepKeys:
     gpus: np.ndarray
     gpu_service: np.ndarray
     gpu_step: np.ndarray
+    steps: np.ndarray
+    step_service: np.ndarray
+    step_step: np.ndarray
 
 
 def step_keys(table: pa.Table, stage: np.ndarray, row_req: np.ndarray, valid: np.ndarray,
@@ -158,77 +162,11 @@ def step_keys(table: pa.Table, stage: np.ndarray, row_req: np.ndarray, valid: np
     gpus = np.flatnonzero(valid & (row_req < 0) & (stage == CODE["gpu"]))
     if len(chunks) == 0 or len(gpus) == 0:
         return None
+    steps = np.flatnonzero(valid & (row_req < 0) & (stage == CODE["step"]))
     service, _ = col.codes(table.column("service"))
     attrs = table.column("attributes")
-    c_step = col.int_attribute(attrs, chunks, ATTR_STEP_ID)
-    g_step = col.int_attribute(attrs, gpus, ATTR_STEP_ID)
-    chunks, c_step = chunks[c_step >= 0], c_step[c_step >= 0]
-    gpus, g_step = gpus[g_step >= 0], g_step[g_step >= 0]
-    return StepKeys(chunks, service[chunks], c_step, gpus, service[gpus], g_step)
-
-
-def join_gpu(
-    table: pa.Table,
-    stage: np.ndarray,
-    row_req: np.ndarray,
-    valid: np.ndarray,
-    span_rows: np.ndarray,
-    start: np.ndarray,
-    trace: np.ndarray,
-    trace_values: list[str],
-    shift: np.ndarray | None = None,
-    untraced: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pairs ``(chunk row, gpu row)`` of request chunks and engine-trace gpu spans that
-    share ``(service, step_id)``, and the chunk rows whose key names steps of more than one
-    engine trace (an engine restarted, or replicas that share a service name, count steps
-    from 0 again): such a chunk joins the gpu spans of the one trace whose gpu span
-    starts nearest its own start, ties to the smallest trace id. (``start`` is shifted by
-    ``shift``; a gpu row ``untraced`` counts as moved with the chunk, as its copy is)."""
-    empty = np.empty(0, np.int64)
-    keys = step_keys(table, stage, row_req, valid, span_rows)
-    if keys is None:
-        return empty, empty, empty
-    chunks, gpus = keys.chunks, keys.gpus
-    # Sort the gpu keys once; each chunk finds its run of equal keys by binary search.
-    c_key = np.stack([keys.chunk_service.astype(np.int64), keys.chunk_step], axis=1)
-    g_key = np.stack([keys.gpu_service.astype(np.int64), keys.gpu_step], axis=1)
-    order = np.lexsort((g_key[:, 1], g_key[:, 0]))
-    g_sorted = g_key[order]
-    lo = _search(g_sorted, c_key, "left")
-    hi = _search(g_sorted, c_key, "right")
-    many = hi - lo
-    left = np.repeat(chunks, many).astype(np.int64)
-    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(many)[:-1]]), many)
-    right = gpus[order[starts + np.arange(len(left))]].astype(np.int64)
-    # Each chunk's pairs are one run; a run holding two engine traces is a reused step id.
-    pair_trace = trace[right]
-    group = np.repeat(np.arange(len(chunks)), many)
-    run_start = np.concatenate([[0], np.cumsum(many)[:-1]])
-    mixed = np.zeros(len(chunks), bool)
-    mixed[group[pair_trace != pair_trace[run_start[group]]]] = True
-    if not mixed.any():
-        return left, right, empty
-    pick = np.flatnonzero(mixed[group])
-    g_start = start[right[pick]]
-    if untraced is not None and shift is not None:
-        moved = untraced[right[pick]]
-        g_start = np.where(moved, g_start - shift[right[pick]] + shift[left[pick]], g_start)
-    distance = np.abs(g_start - start[left[pick]])
-    best = pick[np.lexsort((value_rank(pair_trace[pick], trace_values), distance, group[pick]))]
-    firsts = np.flatnonzero(np.r_[True, group[best][1:] != group[best][:-1]])
-    chosen = np.full(len(chunks), -1, np.int64)
-    chosen[group[best[firsts]]] = pair_trace[best[firsts]]
-    keep = ~mixed[group] | (pair_trace == chosen[group])
-    return left[keep], right[keep], chunks[mixed].astype(np.int64)
-
-
-def _search(sorted_keys: np.ndarray, keys: np.ndarray, side: str) -> np.ndarray:
-    """``searchsorted`` on ``(service, step)`` pairs sorted lexicographically."""
-    big = np.int64(1) << 40
-    if sorted_keys[:, 1].max(initial=0) < big and keys[:, 1].max(initial=0) < big:
-        flat = sorted_keys[:, 0] * big + sorted_keys[:, 1]
-        return np.searchsorted(flat, keys[:, 0] * big + keys[:, 1], side=side)
-    records = np.rec.fromarrays([sorted_keys[:, 0], sorted_keys[:, 1]])
-    wanted = np.rec.fromarrays([keys[:, 0], keys[:, 1]])
-    return np.searchsorted(records, wanted, side=side)
+    found = []
+    for rows in (chunks, gpus, steps):
+        ids = col.int_attribute(attrs, rows, ATTR_STEP_ID)
+        found += [rows[ids >= 0], service[rows[ids >= 0]], ids[ids >= 0]]
+    return StepKeys(*found)

@@ -23,10 +23,11 @@ from ttft.analysis import _column_arrays as col
 from ttft.analysis import clocks
 from ttft.analysis._clock_kinds import clock_kinds
 from ttft.analysis._conditions import conditions, max_cached
-from ttft.analysis._grouping import Decoded, Grouping, decode, group, join_gpu
+from ttft.analysis._grouping import Decoded, Grouping, decode, group
 from ttft.analysis._id_words import id_words
 from ttft.analysis._outcomes import request_outcomes
 from ttft.analysis._reported import attributed_rows
+from ttft.analysis._step_join import join_gpu
 from ttft.analysis._trees import CODE, MAX_NS, N_STAGES, NONE_NS, Spans, resolve_trees
 from ttft.analysis.quality import Quality, estimated_spans, rejected_spans
 from ttft.tracer.schema import (
@@ -244,8 +245,8 @@ def _joined(step: _Assembling) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     span_rows = attributed_rows(span_rows, g.row_req, g.n_req, d.is_client, step.service,
                                 step.service_values)
     chunk_rows, gpu_rows, reused = join_gpu(step.table, d.stage, g.row_req, d.valid, span_rows,
-                                             step.start, d.trace, d.trace_values, step.shift,
-                                             step.untraced)
+                                             step.start, d.trace, d.trace_values, d.clock_raw,
+                                             step.shift, step.untraced)
     step.quality.add("reused_step_id", len(reused), _examples(d.trace_values, d.trace[reused]))
     return span_rows, chunk_rows, gpu_rows
 

@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "receiver": ([], ["--spans", "16384", "--rounds", "3"]),
     "scale": ([], ["--quick"]),
     "wide_request": ([], ["--spans", "5000", "50000"]),
+    "step_join": ([], ["--requests", "1000", "10000"]),
 }
 
 

@@ -344,3 +344,54 @@ def test_the_copy_kept_of_a_gpu_span_joined_twice_never_depends_on_row_order():
         parent = sp.offsets[sp.req[g]] + sp.parent[g]
         seen.add((int(sp.depth[g]), sp.trace_values[sp.trace[parent]]))
     assert seen == {(2, "00000000000000000000000000000001")}
+
+
+@pytest.mark.parametrize("with_steps", [True, False])
+def test_a_step_id_reused_within_one_engine_trace_joins_its_own_step(with_steps):
+    """One engine trace numbering its steps 0, 1, 0, 1 (per batch, or a counter restarted
+    without a new trace): each chunk joins the gpu span of its own step, told apart by the
+    engine's step spans, or without them by the other step's work between the two; each
+    request keeps its own gpu time, never a neighbour's, and the reuse is counted."""
+    from _build import event, row, table
+
+    from ttft.analysis.assemble import assemble
+    from ttft.analysis.attribution import attribute
+
+    engine, rows, own = 99, [], []
+    for i in range(4):
+        t0, gpu_ns = 1_000 * i, 100 + 10 * i  # requests overlap their neighbours
+        rows += [row(i + 1, 1, "server", t0, t0 + 1_500),
+                 row(i + 1, 2, "prefill.chunk", t0 + 10, t0 + 600, parent=1, step_id=i % 2),
+                 event(i + 1, 3, "first_byte", t0 + 1_400, parent=1),
+                 row(engine, 10 + i, "gpu", t0 + 20, t0 + 20 + gpu_ns,
+                     parent=20 + i if with_steps else None, step_id=i % 2)]
+        if with_steps:
+            rows.append(row(engine, 20 + i, "step", t0 + 5, t0 + 650, step_id=i % 2))
+        own.append(gpu_ns)
+    asm = assemble(table(rows))
+    got = attribute(asm, "server", "exclusive")
+    by_trace = dict(zip(got.requests["trace_id"], got.attributed["gpu"], strict=True))
+    assert [by_trace[t] for t in sorted(by_trace)] == own
+    assert asm.quality.counts["reused_step_id"] == 4
+    assert len(asm.rows.gpu_row) == 4  # one gpu copy per chunk, not two
+
+
+def test_a_step_id_used_once_joins_every_gpu_span_of_its_step():
+    """Not a reuse: a step's gpu spans on two devices (two clocks) and two chunks of the
+    batch join all of them, and nothing is counted."""
+    from _build import event, row, table
+
+    from ttft.analysis.assemble import assemble
+
+    rows = []
+    for i in range(2):
+        rows += [row(i + 1, 1, "server", 0, 1_000),
+                 row(i + 1, 2, "prefill.chunk", 10 + 100 * i, 100 + 100 * i, parent=1,
+                     step_id=5),
+                 event(i + 1, 3, "first_byte", 900, parent=1)]
+    rows += [row(9, 1, "step", 0, 400, step_id=5),
+             row(9, 2, "gpu", 20, 300, parent=1, step_id=5, clock="gpu:0"),
+             row(9, 3, "gpu", 25, 310, parent=1, step_id=5, clock="gpu:1")]
+    asm = assemble(table(rows))
+    assert len(asm.rows.gpu_row) == 4
+    assert asm.quality.counts.get("reused_step_id", 0) == 0

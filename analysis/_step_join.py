@@ -1,0 +1,219 @@
+"""The step join: which engine-trace ``gpu`` spans each request ``prefill.chunk`` launched,
+by ``(service, step_id)`` (docs/attribution.md, "Attribution rules": step-id join).
+
+A step id names one step only within one *step instance*: on each clock of an engine trace,
+the gpu spans in start order fall into runs of one step id, and the k-th run of an id on a
+clock is occurrence k (runs of one occurrence on several clocks, one per device, are one
+instance). An engine that restarts its counter, replicas that share a service name, or an
+engine that numbers steps per batch give one id several instances. A chunk whose key has
+more than one instance is a ``reused_step_id`` defect and joins the one instance holding
+the gpu span that starts nearest its own start (ties: the smaller trace id, then the
+earlier occurrence), never the others: no request is given another step's gpu time. Every
+step costs a sort and a binary search, so the join is linear in rows (with a log factor)
+whatever the ids; each chunk is paired with its own instance's spans only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from ttft.analysis._grouping import StepKeys, step_keys
+from ttft.analysis._trees import value_rank
+
+__all__ = ["join_gpu"]
+
+
+def join_gpu(
+    table: pa.Table,
+    stage: np.ndarray,
+    row_req: np.ndarray,
+    valid: np.ndarray,
+    span_rows: np.ndarray,
+    start: np.ndarray,
+    trace: np.ndarray,
+    trace_values: list[str],
+    clock: np.ndarray,
+    shift: np.ndarray | None = None,
+    untraced: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pairs ``(chunk row, gpu row)``: each request chunk and the gpu spans of the step
+    instance it joins (module docstring), and the chunk rows whose key has several
+    instances. ``start`` is shifted by ``shift``; a gpu row ``untraced`` moves with the
+    chunk, as its copy does, so its distance is measured before the shift."""
+    empty = np.empty(0, np.int64)
+    keys = step_keys(table, stage, row_req, valid, span_rows)
+    if keys is None:
+        return empty, empty, empty
+    key_g, key_c, key_s = _key_codes(keys)
+    occurrence = _run_occurrence(keys, key_g, trace, clock, start)
+    by_step = _step_occurrence(keys, key_g, key_s, trace, start)
+    occurrence = np.where(by_step >= 0, by_step, occurrence)
+    ident = np.stack([key_g.astype(np.int64), trace[keys.gpus].astype(np.int64), occurrence])
+    instance = np.unique(ident, axis=1, return_inverse=True)[1].ravel()
+    rank = value_rank(trace[keys.gpus], trace_values)
+    if untraced is None or shift is None:
+        moved = np.zeros(len(keys.gpus), bool)
+        g_at, c_at, c_raw = start[keys.gpus], start[keys.chunks], start[keys.chunks]
+    else:
+        moved = untraced[keys.gpus]
+        g_at = np.where(moved, start[keys.gpus] - shift[keys.gpus], start[keys.gpus])
+        c_at, c_raw = start[keys.chunks], start[keys.chunks] - shift[keys.chunks]
+    best, distance = _nearest_of(~moved, key_g, g_at, rank, occurrence, key_c, c_at)
+    if moved.any():
+        other, d_other = _nearest_of(moved, key_g, g_at, rank, occurrence, key_c, c_raw)
+        take = (other >= 0) & ((best < 0) | (d_other < distance) | (
+            (d_other == distance) & _before(other, best, rank, occurrence)))
+        best = np.where(take, other, best)
+    joined = best >= 0
+    chunks = keys.chunks[joined].astype(np.int64)
+    chosen = instance[best[joined]]
+    # Each chunk's pairs: every gpu span of its instance, in row order.
+    by_instance = np.argsort(instance, kind="stable")
+    sizes = np.bincount(instance, minlength=int(instance.max()) + 1)
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    many = sizes[chosen]
+    offsets = np.repeat(first[chosen] - np.concatenate([[0], np.cumsum(many)[:-1]]), many)
+    right = keys.gpus[by_instance[offsets + np.arange(int(many.sum()))]].astype(np.int64)
+    per_key = np.bincount(np.unique(np.stack([key_g, instance]), axis=1)[0],
+                          minlength=int(key_g.max()) + 1)
+    reused = chunks[per_key[key_c[joined]] > 1]
+    return np.repeat(chunks, many), right, reused
+
+
+def _key_codes(keys: StepKeys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Dense codes of ``(service, step_id)`` for the gpu rows, for the chunk rows and for
+    the step rows (-1: a key no gpu span has)."""
+    g = np.stack([keys.gpu_service.astype(np.int64), keys.gpu_step])
+    uniq, key_g = np.unique(g, axis=1, return_inverse=True)  # sorted: searchable
+
+    def lookup(service: np.ndarray, step: np.ndarray) -> np.ndarray:
+        c = np.stack([service.astype(np.int64), step])
+        pos = np.minimum(np.searchsorted(_flat(uniq), _flat(c)), uniq.shape[1] - 1)
+        hit = (uniq[0, pos] == c[0]) & (uniq[1, pos] == c[1])
+        return np.where(hit, pos, -1)
+
+    return (key_g.ravel(), lookup(keys.chunk_service, keys.chunk_step),
+            lookup(keys.step_service, keys.step_step))
+
+
+def _flat(pairs: np.ndarray) -> np.ndarray:
+    """``(service, step)`` pairs as one sortable value each (records: any step id)."""
+    return np.rec.fromarrays([pairs[0], pairs[1]])
+
+
+def _run_occurrence(keys: StepKeys, key_g: np.ndarray, trace: np.ndarray, clock: np.ndarray,
+                    start: np.ndarray) -> np.ndarray:
+    """Each gpu row's occurrence by runs (module docstring)."""
+    g = keys.gpus
+    t, c, s = trace[g].astype(np.int64), clock[g].astype(np.int64), start[g]
+    order = np.lexsort((g, s, c, t))
+    t, c, k = t[order], c[order], key_g[order]
+    new_run = np.r_[True, (t[1:] != t[:-1]) | (c[1:] != c[:-1]) | (k[1:] != k[:-1])]
+    run = np.cumsum(new_run) - 1
+    heads = np.flatnonzero(new_run)
+    # The occurrence of a run: how many runs of its (trace, clock, key) came before it.
+    by_key = np.lexsort((heads, k[heads], c[heads], t[heads]))
+    rt, rc, rk = t[heads][by_key], c[heads][by_key], k[heads][by_key]
+    group_head = np.r_[True, (rt[1:] != rt[:-1]) | (rc[1:] != rc[:-1]) | (rk[1:] != rk[:-1])]
+    starts = np.maximum.accumulate(np.where(group_head, np.arange(len(by_key)), 0))
+    run_occurrence = np.empty(len(heads), np.int64)
+    run_occurrence[by_key] = np.arange(len(by_key)) - starts
+    occurrence = np.empty(len(g), np.int64)
+    occurrence[order] = run_occurrence[run]
+    return occurrence
+
+
+def _step_occurrence(keys: StepKeys, key_g: np.ndarray, key_s: np.ndarray,
+                     trace: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Each gpu row's occurrence by the engine's own ``step`` spans: where its trace holds
+    step spans of its key, how many of them start at or before it, less one (a step's
+    work starts after the step does); -1 where there are none (runs decide)."""
+    steps = keys.steps[key_s >= 0]
+    key_s = key_s[key_s >= 0]
+    n_g = len(keys.gpus)
+    if len(steps) == 0:
+        return np.full(n_g, -1, np.int64)
+    t = np.concatenate([trace[keys.gpus], trace[steps]]).astype(np.int64)
+    k = np.concatenate([key_g, key_s]).astype(np.int64)
+    s = np.concatenate([start[keys.gpus], start[steps]])
+    is_step = np.r_[np.zeros(n_g, bool), np.ones(len(steps), bool)]
+    order = np.lexsort((~is_step, s, k, t))  # at one time the step before its work
+    t, k, step_sorted = t[order], k[order], is_step[order]
+    head = np.r_[True, (t[1:] != t[:-1]) | (k[1:] != k[:-1])]
+    group = np.cumsum(head) - 1
+    seen = np.cumsum(step_sorted)
+    before_group = (seen - step_sorted)[head]  # steps counted before each group began
+    count = seen - before_group[group]
+    total = np.bincount(group, weights=step_sorted).astype(np.int64)
+    out = np.empty(len(order), np.int64)
+    out[order] = np.where(total[group] > 0, np.maximum(count - 1, 0), -1)
+    return out[:n_g]
+
+
+def _nearest_of(among: np.ndarray, key_g: np.ndarray, at: np.ndarray, rank: np.ndarray,
+                occurrence: np.ndarray, key_c: np.ndarray, c_at: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """`_nearest` over the gpu rows ``among`` selects, as indices into all of them."""
+    rows = np.flatnonzero(among)
+    best, distance = _nearest(key_g[rows], at[rows], rank[rows], occurrence[rows], key_c, c_at)
+    return np.where(best >= 0, rows[np.maximum(best, 0)] if len(rows) else -1, -1), distance
+
+
+def _nearest(key_g: np.ndarray, at: np.ndarray, rank: np.ndarray, occurrence: np.ndarray,
+             key_c: np.ndarray, c_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each chunk, the index (into the gpu arrays given) of the gpu span of its key
+    starting nearest ``c_at`` (ties: smaller ``rank``, then ``occurrence``) and the
+    distance; -1 where its key has none here."""
+    n_g, n_c = len(key_g), len(key_c)
+    best = np.full(n_c, -1, np.int64)
+    distance = np.full(n_c, np.iinfo(np.int64).max, np.int64)
+    if n_g == 0:
+        return best, distance
+    # One merged order: by key, time; at one time a chunk before the gpu spans, and the
+    # spans best first. A chunk's neighbours are the last span before it and the first after.
+    keys = np.concatenate([key_g, key_c])
+    times = np.concatenate([at, c_at])
+    is_gpu = np.r_[np.ones(n_g, np.int8), np.zeros(n_c, np.int8)]
+    tie = np.concatenate([rank * (occurrence.max() + 1) + occurrence, np.zeros(n_c, np.int64)])
+    order = np.lexsort((tie, is_gpu, times, keys))
+    pos = np.empty(len(order), np.int64)
+    pos[order] = np.arange(len(order))
+    gpu_sorted = is_gpu[order].astype(bool)
+    index = np.where(gpu_sorted, np.arange(len(order)), -1)
+    prev = np.maximum.accumulate(index)  # the last gpu position at or before each position
+    nxt = np.minimum.accumulate(np.where(gpu_sorted, np.arange(len(order)), len(order))[::-1])[::-1]
+    # The best of the spans sharing the previous span's time: the first of that time.
+    same_time_head = np.r_[True, (keys[order][1:] != keys[order][:-1])
+                           | (times[order][1:] != times[order][:-1])]
+    head_of = np.maximum.accumulate(np.where(same_time_head, np.arange(len(order)), 0))
+    first_gpu_of = np.full(len(order), -1, np.int64)
+    gpu_positions = np.flatnonzero(gpu_sorted)
+    # within a time run chunks sort first, so the first gpu of a run follows its chunks
+    run_first_gpu = np.full(len(order), len(order), np.int64)
+    np.minimum.at(run_first_gpu, head_of[gpu_positions], gpu_positions)
+    first_gpu_of[gpu_positions] = run_first_gpu[head_of[gpu_positions]]
+    cpos = pos[n_g:]
+    left = prev[cpos]
+    left = np.where(left >= 0, first_gpu_of[np.maximum(left, 0)], -1)
+    right = nxt[np.minimum(cpos + 1, len(order) - 1)]
+    right = np.where(cpos + 1 < len(order), right, len(order))
+    sorted_keys, sorted_times = keys[order], times[order]
+    for cand in (left, right):
+        ok = (cand >= 0) & (cand < len(order))
+        ok[ok] &= sorted_keys[cand[ok]] == key_c[ok]
+        d = np.where(ok, np.abs(sorted_times[np.clip(cand, 0, len(order) - 1)] - c_at), 0)
+        g_index = np.where(ok, order[np.clip(cand, 0, len(order) - 1)], 0)
+        closer = ok & ((best < 0) | (d < distance) | ((d == distance) & _before(
+            g_index, best, rank, occurrence)))
+        best = np.where(closer, g_index, best)
+        distance = np.where(closer, d, distance)
+    return best, distance
+
+
+def _before(a: np.ndarray, b: np.ndarray, rank: np.ndarray, occurrence: np.ndarray
+            ) -> np.ndarray:
+    """Gpu span ``a`` wins a tie over ``b`` (-1: none): smaller rank, then occurrence."""
+    a_, b_ = np.maximum(a, 0), np.maximum(b, 0)
+    return (b < 0) | (rank[a_] < rank[b_]) | ((rank[a_] == rank[b_])
+                                              & (occurrence[a_] < occurrence[b_]))
