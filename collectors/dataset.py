@@ -20,7 +20,7 @@ Each partition file names its dataset (the dataset file's ``id``) and partition 
 partition is read (``read_dataset``, and a cluster's driver).
 
 Every ``part=K/`` directory exists, with a ``spans.parquet`` (empty when the partition owns
-no row). The Parquet files are ttft traces (``collectors/_files.py``: run metadata under
+no row). The Parquet files are ttft traces (``collectors/layout.py``: run metadata under
 ``METADATA_KEY``, ``WRITE_OPTIONS``), each written under a temporary name and renamed.
 Partition 0's files alone carry the input's counts (`tracer.schema.COUNTED`: the importer's
 ``rejected`` and ``estimated`` spans), so sums over partitions equal the whole. The
