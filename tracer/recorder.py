@@ -94,6 +94,9 @@ def _value(value: Any) -> Any:
 _context = _pick_context_factory()
 
 
+_NONE: dict[str, Any] = {}
+
+
 class Recorder:
     """Bounded queue of finished spans and the thread that exports them.
 
@@ -127,6 +130,7 @@ class Recorder:
         self.default_clock = default_clock
         self.offset_ns = offset_ns
         self._queue: deque[Any] = deque()
+        self._attributes: dict[int, dict[str, Any]] = {}  # of queued spans, by span id
         self._half = max(1, capacity // 2)
         self._wake = threading.Event()
         self._idle = threading.Condition()
@@ -140,14 +144,18 @@ class Recorder:
         self._thread.start()
 
     # -- hot path ------------------------------------------------------------------------
-    def add(self, record: Any) -> None:
-        """Queue one finished span. Called on the traced thread; never blocks or raises."""
+    def add(self, record: tuple[Any, ...], attributes: dict[str, Any] | None = None) -> None:
+        """Queue one finished span (``stage._record()``'s tuple) and its attributes, kept
+        apart by span id so the queued tuple holds no dict. Called on the traced thread;
+        never blocks or raises."""
         queue = self._queue
         size = len(queue)
         if size >= self.capacity or self._closed:
             with self._lock:
                 self.dropped += 1
             return
+        if attributes:
+            self._attributes[record[1]] = attributes  # before the record: the drain finds it
         queue.append(record)
         if size == self._half:
             self._wake.set()
@@ -192,40 +200,39 @@ class Recorder:
         make = _context
         out = []
         for r in batch:
-            if isinstance(r, tuple):  # ("readable", span) from the TracerProvider
+            if len(r) == 2:  # ("readable", span) from the TracerProvider
                 out.append(r[1])
                 continue
-            own = make(r.trace_id, r.span_id, False)
-            contexts[(r.span_id, False)] = own
-            parent = r.parent
+            (trace_id, span_id, parent_trace, parent_span, remote, name, stage_name,
+             clock_name, request_id, links, start_ns, end_ns) = r
+            own_attributes = self._attributes.pop(span_id, _NONE)
+            own = make(trace_id, span_id, False)
+            contexts[(span_id, False)] = own
             parent_context = None
-            if parent is not None and parent.span_id:
-                key = (parent.span_id, parent.remote)
+            if parent_span:
+                key = (parent_span, remote)
                 parent_context = contexts.get(key)
                 if parent_context is None:
-                    parent_context = contexts[key] = make(
-                        parent.trace_id, parent.span_id, parent.remote
-                    )
+                    parent_context = contexts[key] = make(parent_trace, parent_span, remote)
             attributes: dict[str, Any] = {
-                ATTR_STAGE: r.stage_name or stage_of(r.name),
-                ATTR_CLOCK: r.clock_name or self.default_clock,
+                ATTR_STAGE: stage_name or stage_of(name),
+                ATTR_CLOCK: clock_name or self.default_clock,
             }
-            if r.request_id is not None:
-                attributes[ATTR_REQUEST_ID] = r.request_id
-            for key, value in r.attributes.items():
+            if request_id is not None:
+                attributes[ATTR_REQUEST_ID] = request_id
+            for key, value in own_attributes.items():
                 attributes[key] = value if type(value) in _SCALARS else _value(value)
-            links = r.links
             out.append(
                 ReadableSpan(
-                    name=r.name,
+                    name=name,
                     context=own,
                     parent=parent_context,
                     resource=self.resource,
                     attributes=attributes,
                     links=[Link(make(t, s, False), a) for t, s, a in links] if links else (),
                     kind=SpanKind.INTERNAL,
-                    start_time=r.start_ns + self.offset_ns,
-                    end_time=r.end_ns + self.offset_ns,
+                    start_time=start_ns + self.offset_ns,
+                    end_time=end_ns + self.offset_ns,
                     instrumentation_scope=_SCOPE,
                 )
             )
