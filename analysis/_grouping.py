@@ -157,7 +157,7 @@ class StepKeys:
 def step_keys(table: pa.Table, stage: np.ndarray, row_req: np.ndarray, valid: np.ndarray,
               span_rows: np.ndarray) -> StepKeys | None:
     """The `StepKeys` of a table (``span_rows``: the request rows that may hold chunks);
-    None when either side has no row."""
+    None when either side has no row with a step id."""
     chunks = span_rows[stage[span_rows] == CODE["prefill.chunk"]]
     gpus = np.flatnonzero(valid & (row_req < 0) & (stage == CODE["gpu"]))
     if len(chunks) == 0 or len(gpus) == 0:
@@ -169,4 +169,5 @@ def step_keys(table: pa.Table, stage: np.ndarray, row_req: np.ndarray, valid: np
     for rows in (chunks, gpus, steps):
         ids = col.int_attribute(attrs, rows, ATTR_STEP_ID)
         found += [rows[ids >= 0], service[rows[ids >= 0]], ids[ids >= 0]]
-    return StepKeys(*found)
+    keys = StepKeys(*found)
+    return keys if len(keys.chunks) and len(keys.gpus) else None

@@ -8,17 +8,24 @@ instance). An engine that restarts its counter, replicas that share a service na
 engine that numbers steps per batch give one id several instances. A chunk whose key has
 more than one instance is a ``reused_step_id`` defect and joins the one instance holding
 the gpu span that starts nearest its own start (ties: the smaller trace id, then the
-earlier occurrence), never the others: no request is given another step's gpu time. Every
-step costs a sort and a binary search, so the join is linear in rows (with a log factor)
-whatever the ids; each chunk is paired with its own instance's spans only.
+earlier occurrence), never the others: no request is given another step's gpu time.
+
+Within its instance a chunk joins the gpu spans it launched: those whose launch (the start
+of the forward that launched them, their parent, else their own start) lies in its span.
+A gpu span no chunk launched (one forward for the whole batch, launched before or after
+the chunks' spans) joins every chunk of its instance. Every step is a sort, a merge or a
+binary search, so the join is linear in rows (with a log factor) whatever the ids, and a
+chunk's copies are the spans it launched, or its batch's.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from ttft.analysis._grouping import StepKeys, step_keys
+from ttft.analysis._id_words import id_words
 from ttft.analysis._trees import value_rank
 
 __all__ = ["join_gpu"]
@@ -31,6 +38,7 @@ def join_gpu(
     valid: np.ndarray,
     span_rows: np.ndarray,
     start: np.ndarray,
+    end: np.ndarray,
     trace: np.ndarray,
     trace_values: list[str],
     clock: np.ndarray,
@@ -68,17 +76,72 @@ def join_gpu(
     joined = best >= 0
     chunks = keys.chunks[joined].astype(np.int64)
     chosen = instance[best[joined]]
-    # Each chunk's pairs: every gpu span of its instance, in row order.
-    by_instance = np.argsort(instance, kind="stable")
-    sizes = np.bincount(instance, minlength=int(instance.max()) + 1)
-    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    many = sizes[chosen]
-    offsets = np.repeat(first[chosen] - np.concatenate([[0], np.cumsum(many)[:-1]]), many)
-    right = keys.gpus[by_instance[offsets + np.arange(int(many.sum()))]].astype(np.int64)
+    launch = _launches(table, keys.gpus, trace, start, row_req, valid)
+    left, right = _pairs(chunks, chosen, start[chunks], end[chunks], instance, launch, ~moved)
     per_key = np.bincount(np.unique(np.stack([key_g, instance]), axis=1)[0],
                           minlength=int(key_g.max()) + 1)
     reused = chunks[per_key[key_c[joined]] > 1]
-    return np.repeat(chunks, many), right, reused
+    order = np.lexsort((keys.gpus[right], left))
+    return left[order], keys.gpus[right[order]].astype(np.int64), reused
+
+
+def _launches(table: pa.Table, gpus: np.ndarray, trace: np.ndarray, start: np.ndarray,
+              row_req: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Each gpu row's launch: the start of its parent (the forward that launched it) when
+    that is a span of its own engine trace starting no later than it, else its own start
+    (work on a device starts after its launch, maybe long after: queued behind the
+    step's earlier work)."""
+    launch = start[gpus].copy()
+    engine = np.flatnonzero(valid & (row_req < 0))
+    (ph, pl, pp), (sh, sl, sp) = id_words((table.column("parent_id"), gpus),
+                                          (table.column("span_id"), engine))
+    if not pp.any() or not sp.any():
+        return launch
+    spans = pd.DataFrame({"t": trace[engine[sp]], "h": sh[sp], "l": sl[sp], "row": engine[sp]})
+    wanted = pd.DataFrame({"t": trace[gpus[pp]], "h": ph[pp], "l": pl[pp],
+                           "g": np.flatnonzero(pp)})
+    found = wanted.merge(spans.drop_duplicates(["t", "h", "l"]), on=["t", "h", "l"])
+    g, parent = found["g"].to_numpy(np.int64), found["row"].to_numpy(np.int64)
+    ok = start[parent] <= launch[g]
+    launch[g[ok]] = start[parent[ok]]
+    return launch
+
+
+def _pairs(chunks: np.ndarray, chosen: np.ndarray, c_start: np.ndarray, c_end: np.ndarray,
+           instance: np.ndarray, launch: np.ndarray, narrow: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """``(chunk row, gpu index)`` pairs: a gpu span (``narrow``: its launch comparable with
+    the chunks') joins the chunks of its instance whose span holds its launch (an engine
+    that runs a step's chunks one forward each gives each chunk its own); one no chunk
+    holds joins every chunk of its instance (one forward for the whole batch)."""
+    n = int(instance.max()) + 1
+    # Gpu spans by (instance, launch): a chunk's launched ones are one run of them.
+    rows = np.flatnonzero(narrow)
+    order = rows[np.lexsort((launch[rows], instance[rows]))]
+    sorted_keys = np.rec.fromarrays([instance[order].astype(np.int64), launch[order]])
+    at = chosen.astype(np.int64)
+    lo = np.searchsorted(sorted_keys, np.rec.fromarrays([at, c_start]), "left")
+    hi = np.maximum(np.searchsorted(sorted_keys, np.rec.fromarrays([at, c_end]), "right"), lo)
+    edges = np.zeros(len(order) + 1, np.int64)
+    np.add.at(edges, lo, 1)
+    np.add.at(edges, hi, -1)
+    covered = np.zeros(len(instance), bool)
+    covered[order] = np.cumsum(edges)[:-1] > 0
+    a_left, a_right = _runs(chunks, lo, hi, order)
+    rest = np.flatnonzero(~covered)
+    rest = rest[np.argsort(instance[rest], kind="stable")]
+    sizes = np.bincount(instance[rest], minlength=n)
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    b_left, b_right = _runs(chunks, first[chosen], first[chosen] + sizes[chosen], rest)
+    return np.concatenate([a_left, b_left]), np.concatenate([a_right, b_right])
+
+
+def _runs(chunks: np.ndarray, lo: np.ndarray, hi: np.ndarray, order: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Each chunk paired with ``order[lo:hi]`` of its own."""
+    many = hi - lo
+    offsets = np.repeat(lo - np.concatenate([[0], np.cumsum(many)[:-1]]), many)
+    return np.repeat(chunks, many), order[offsets + np.arange(int(many.sum()))]
 
 
 def _key_codes(keys: StepKeys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

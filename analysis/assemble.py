@@ -245,8 +245,8 @@ def _joined(step: _Assembling) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     span_rows = attributed_rows(span_rows, g.row_req, g.n_req, d.is_client, step.service,
                                 step.service_values)
     chunk_rows, gpu_rows, reused = join_gpu(step.table, d.stage, g.row_req, d.valid, span_rows,
-                                             step.start, d.trace, d.trace_values, d.clock_raw,
-                                             step.shift, step.untraced)
+                                             step.start, step.end, d.trace, d.trace_values,
+                                             d.clock_raw, step.shift, step.untraced)
     step.quality.add("reused_step_id", len(reused), _examples(d.trace_values, d.trace[reused]))
     return span_rows, chunk_rows, gpu_rows
 

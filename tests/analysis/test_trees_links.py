@@ -395,3 +395,50 @@ def test_a_step_id_used_once_joins_every_gpu_span_of_its_step():
     asm = assemble(table(rows))
     assert len(asm.rows.gpu_row) == 4
     assert asm.quality.counts.get("reused_step_id", 0) == 0
+
+
+@pytest.mark.parametrize("policy", ["exclusive", "shared", "critical-path"])
+def test_chunks_run_one_forward_each_keep_their_own_gpu_time(policy):
+    """ttft's own engine runs a step's chunks one after the other, one forward each: the
+    forward (in the engine trace, under the step) launches its gpu work inside its chunk,
+    and the work may run on after the chunk ends. Each chunk joins the gpu spans it
+    launched, so the request whose chunk runs second waits for the first one's gpu work
+    in its batch_wait (a neighbour's prefill), not as gpu time of its own."""
+    from _build import event, row, table
+
+    from ttft.analysis.assemble import assemble
+    from ttft.analysis.attribution import attribute
+
+    rows = [row(9, 1, "step", 0, 400, step_id=7)]
+    # (batch_wait, chunk, forward, gpu) of request A, then B; B waits while A's chunk runs.
+    for t, (bw, c, f, g) in enumerate([((5, 10), (10, 100), (15, 60), (20, 150)),
+                                       ((5, 100), (100, 200), (105, 150), (150, 260))], 1):
+        rows += [row(t, 1, "server", 0, 400), row(t, 2, "batch_wait", *bw, parent=1),
+                 row(t, 3, "prefill.chunk", *c, parent=1, step_id=7),
+                 row(t, 4, "sample", 300, 310, parent=1),
+                 event(t, 5, "first_byte", 350, parent=1),
+                 row(9, 10 * t, "forward", *f, parent=1),
+                 row(9, 10 * t + 1, "gpu", *g, parent=10 * t, step_id=7, clock="gpu:0")]
+    asm = assemble(table(rows))
+    assert len(asm.rows.gpu_row) == 2  # one copy each, not the step's two
+    got = attribute(asm, "server", policy).attributed
+    assert got.loc[1, "batch_wait"] > 0  # B's wait for A's chunk is a wait
+    assert got.loc[0, "gpu"] <= 130 and got.loc[1, "gpu"] <= 110  # at most their own
+    assert got.loc[0, "gpu"] > 0 and got.loc[1, "gpu"] > 0
+
+
+def test_one_forward_for_the_batch_joins_every_chunk():
+    """An engine that runs one forward for the whole batch launches it before (or outside)
+    the chunks' spans: every chunk of the step joins its gpu work, as before."""
+    from _build import event, row, table
+
+    from ttft.analysis.assemble import assemble
+
+    rows = [row(9, 1, "step", 0, 400, step_id=3), row(9, 2, "forward", 0, 50, parent=1),
+            row(9, 3, "gpu", 55, 250, parent=2, step_id=3, clock="gpu:0")]
+    for t in (1, 2):
+        rows += [row(t, 1, "server", 0, 400),
+                 row(t, 2, "prefill.chunk", 50 + t, 250, parent=1, step_id=3),
+                 event(t, 3, "first_byte", 350, parent=1)]
+    asm = assemble(table(rows))
+    assert len(asm.rows.gpu_row) == 2  # the one gpu span, copied into both requests
