@@ -55,8 +55,8 @@ class _Encoder:
     """Encodes a work item as the request bytes of its ``_client_request.Request``."""
 
     def __init__(self, origin: Origin, *, chat: bool, model: str | None,
-                 api_key: str | None) -> None:
-        self.origin, self.chat, self.model = origin, chat, model
+                 api_key: str | None, sample: float = 1.0) -> None:
+        self.origin, self.chat, self.model, self.sample = origin, chat, model, sample
         self.path = "/v1/chat/completions" if chat else "/v1/completions"
         self.headers = [("content-type", "application/json"), ("accept", "text/event-stream")]
         if api_key:
@@ -73,9 +73,11 @@ class _Encoder:
             body["messages"] = [{"role": "user", "content": content}]
         else:
             body["prompt"] = item.prompt
-        # warm-up requests (index -1) say "not sampled": servers record nothing of them
-        traceparent = format_traceparent(int(req.trace_id, 16), req.span_id,
-                                         req.result.index >= 0)
+        # warm-up requests (index -1) say "not sampled": servers record nothing of them;
+        # others are sampled by their trace id's low 64 bits (W3C/OTel ratio sampling)
+        sampled = req.result.index >= 0 and (
+            self.sample >= 1.0 or int(req.trace_id[16:], 16) < self.sample * 2.0**64)
+        traceparent = format_traceparent(int(req.trace_id, 16), req.span_id, sampled)
         data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         return self.origin.request("POST", self.path, [*self.headers,
                                                        ("traceparent", traceparent)], data)
@@ -246,7 +248,8 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
               concurrency: int | None = None, warmup: int = 0, api_key: str | None = None,
               timeout_s: float = 60.0, writer: TraceWriter | None = None,
               on_sent: Callable[[int], None] | None = None,
-              on_result: Callable[[RequestResult], None] | None = None) -> list[RequestResult]:
+              on_result: Callable[[RequestResult], None] | None = None,
+              sample: float = 1.0) -> list[RequestResult]:
     """Send ``workload`` to an OpenAI-compatible server, streaming, and trace each request.
 
     Each request is due at run start (2 ms after the warm-up) + its ``arrival_s``: the
@@ -277,6 +280,10 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
         on_result: called with each result as its request ends (for progress displays);
             never for a request cancelled by the stop, so the requests sent but not
             passed here are those the stop cancelled.
+        sample: the share of requests whose ``traceparent`` says "sampled" (by trace id),
+            so a traced server records that share of them (what tracing costs at a
+            sampling rate, benchmarks/sampling_cost.py); below 1 only without a writer,
+            whose trace would then hold client spans of requests no server recorded.
 
     Returns:
         One result per workload item, in workload order.
@@ -288,8 +295,10 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
     """
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not 0.0 <= sample <= 1.0 or (sample < 1.0 and writer is not None):
+        raise ValueError(f"sample must be within 0..1, and 1 with a writer, not {sample}")
     origin = Origin(base_url)
-    encode = _Encoder(origin, chat=chat, model=model, api_key=api_key)
+    encode = _Encoder(origin, chat=chat, model=model, api_key=api_key, sample=sample)
     limit = concurrency or max(1, len(workload))
     pool = Pool(origin, limit)
     rows = _RowSink(writer) if writer is not None else None

@@ -185,7 +185,14 @@ class Recorder:
                         batch.append(pop())
                 except IndexError:
                     pass
-                self._export(self._to_spans(batch))
+                if self._outlets:
+                    self._export(self._to_spans(batch))
+                    continue
+                for r in batch:  # no exporter receives them: counted, never converted
+                    if len(r) != 2:
+                        self._attributes.pop(r[1], None)
+                with self._lock:
+                    self.exported += len(batch)
         except Exception:  # never let the export thread die
             logger.exception("ttft recorder: converting spans failed")
         finally:
@@ -241,9 +248,6 @@ class Recorder:
     def _export(self, spans: list[ReadableSpan]) -> None:
         for outlet in self._outlets:
             outlet.offer(spans)
-        if not self._outlets:
-            with self._lock:
-                self.exported += len(spans)
 
     # -- control -------------------------------------------------------------------------
     def result(self) -> FlushResult:

@@ -106,6 +106,29 @@ def test_poisson_workload_is_traced_and_joins_the_servers_trace(url, tmp_path):
     assert set(table.column("trace_id").to_pylist()) == {r.trace_id for r in results}
 
 
+def test_a_sampling_share_marks_that_share_sampled_and_the_server_traces_only_those(url):
+    """``run(sample=f)``: a request's ``traceparent`` says sampled when its trace id's low
+    64 bits fall under ``f``·2^64 (a ratio sampler's rule), so the server records exactly
+    those requests; a share below 1 with a trace writer is refused (its client spans would
+    stand for requests no server recorded)."""
+    exporter = Collect()
+    tracing = tt.configure("sample-test", [exporter], flush_interval_s=0.02)
+    try:
+        work = workload([0.0] * 24, PROMPTS, max_tokens=2)
+        results = asyncio.run(run(url, work, model=MODEL, concurrency=4, sample=0.5))
+        time.sleep(0.5)  # the last server spans end just after the stream
+        tracing.flush(5.0)
+    finally:
+        tracing.shutdown()
+    assert all(r.error is None for r in results)
+    chosen = {r.request_id for r in results if int(r.trace_id[16:], 16) < 0.5 * 2.0**64}
+    traced = {s.attributes.get("ttft.request_id") for s in exporter.spans
+              if s.name == "server"}
+    assert traced == chosen and 0 < len(chosen) < 24
+    with pytest.raises(ValueError, match="sample"):
+        asyncio.run(run(url, work, model=MODEL, sample=0.5, writer=object()))
+
+
 def test_closed_loop_records_the_wait_for_a_slot_before_the_client_span(url):
     work = workload(burst(5), PROMPTS, max_tokens=6)
     results = asyncio.run(run(url, work, model=MODEL, concurrency=2, chat=True))
