@@ -176,6 +176,7 @@ class Recorder:
     def _drain(self) -> None:
         with self._idle:
             self._busy = True
+        batch: list[Any] = []
         try:
             while self._queue:
                 batch = []
@@ -195,6 +196,9 @@ class Recorder:
                     self.exported += len(batch)
         except Exception:  # never let the export thread die
             logger.exception("ttft recorder: converting spans failed")
+            for r in batch:  # the batch is lost; its attributes must not stay behind
+                if len(r) != 2:
+                    self._attributes.pop(r[1], None)
         finally:
             with self._idle:
                 self._busy = False

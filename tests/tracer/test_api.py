@@ -386,3 +386,42 @@ def test_queued_spans_hold_nothing_the_garbage_collector_traverses():
     assert sorted(s.attributes["step_id"] for s in queues) == list(range(1_000))
     assert all(s.attributes["note"] == "x" and s.attributes["ttft.request_id"] == "r1"
                for s in queues)
+
+
+def test_a_batch_that_fails_to_convert_leaves_no_attributes_behind(monkeypatch):
+    """The recorder keeps queued spans' attributes apart by span id; a batch whose
+    conversion fails (logged, the thread lives on) takes its attributes with it, and the
+    spans after it are exported as usual."""
+    from ttft.tracer.recorder import Recorder
+
+    keep = []
+
+    class Keep(SpanExporter):
+        def export(self, spans):
+            keep.extend(spans)
+            return SpanExportResult.SUCCESS
+
+    tracing = tt.configure("fail", [Keep()], capacity=1_000, flush_interval_s=3600)
+    convert = Recorder._to_spans
+    calls = []
+
+    def once(self, batch):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise RuntimeError("conversion failed")
+        return convert(self, batch)
+
+    monkeypatch.setattr(Recorder, "_to_spans", once)
+    try:
+        for i in range(10):
+            with tt.stage("queue", step_id=i):
+                pass
+        tracing.flush(10.0)
+        assert tracing.recorder._attributes == {}
+        with tt.stage("queue", step_id=10):
+            pass
+        tracing.flush(10.0)
+    finally:
+        tracing.shutdown(timeout_s=30)
+    assert calls[0] == 10 and [s.attributes["step_id"] for s in keep] == [10]
+    assert tracing.recorder._attributes == {}
