@@ -243,25 +243,18 @@ def _nearest(key_g: np.ndarray, at: np.ndarray, rank: np.ndarray, occurrence: np
     pos = np.empty(len(order), np.int64)
     pos[order] = np.arange(len(order))
     gpu_sorted = is_gpu[order].astype(bool)
-    index = np.where(gpu_sorted, np.arange(len(order)), -1)
-    prev = np.maximum.accumulate(index)  # the last gpu position at or before each position
-    nxt = np.minimum.accumulate(np.where(gpu_sorted, np.arange(len(order)), len(order))[::-1])[::-1]
-    # The best of the spans sharing the previous span's time: the first of that time.
-    same_time_head = np.r_[True, (keys[order][1:] != keys[order][:-1])
-                           | (times[order][1:] != times[order][:-1])]
-    head_of = np.maximum.accumulate(np.where(same_time_head, np.arange(len(order)), 0))
-    first_gpu_of = np.full(len(order), -1, np.int64)
-    gpu_positions = np.flatnonzero(gpu_sorted)
-    # within a time run chunks sort first, so the first gpu of a run follows its chunks
-    run_first_gpu = np.full(len(order), len(order), np.int64)
-    np.minimum.at(run_first_gpu, head_of[gpu_positions], gpu_positions)
-    first_gpu_of[gpu_positions] = run_first_gpu[head_of[gpu_positions]]
-    cpos = pos[n_g:]
-    left = prev[cpos]
-    left = np.where(left >= 0, first_gpu_of[np.maximum(left, 0)], -1)
-    right = nxt[np.minimum(cpos + 1, len(order) - 1)]
-    right = np.where(cpos + 1 < len(order), right, len(order))
     sorted_keys, sorted_times = keys[order], times[order]
+    at_new_time = np.r_[True, (sorted_keys[1:] != sorted_keys[:-1])
+                        | (sorted_times[1:] != sorted_times[:-1])]
+    # The best span of a time is the first gpu position of it (chunks sort before spans);
+    # the last such first at or before a chunk is the best of the latest time before it.
+    first_of_time = gpu_sorted & (at_new_time | ~np.r_[False, gpu_sorted[:-1]])
+    positions = np.arange(len(order))
+    cpos = pos[n_g:]
+    left = np.maximum.accumulate(np.where(first_of_time, positions, -1))[cpos]
+    nxt = np.minimum.accumulate(np.where(gpu_sorted, positions, len(order))[::-1])[::-1]
+    right = np.where(cpos + 1 < len(order), nxt[np.minimum(cpos + 1, len(order) - 1)],
+                     len(order))
     for cand in (left, right):
         ok = (cand >= 0) & (cand < len(order))
         ok[ok] &= sorted_keys[cand[ok]] == key_c[ok]
