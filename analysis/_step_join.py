@@ -57,8 +57,7 @@ def join_gpu(
     occurrence = _run_occurrence(keys, key_g, trace, clock, start)
     by_step = _step_occurrence(keys, key_g, key_s, trace, start)
     occurrence = np.where(by_step >= 0, by_step, occurrence)
-    ident = np.stack([key_g.astype(np.int64), trace[keys.gpus].astype(np.int64), occurrence])
-    instance = np.unique(ident, axis=1, return_inverse=True)[1].ravel()
+    instance = _codes(key_g, trace[keys.gpus], occurrence)
     rank = value_rank(trace[keys.gpus], trace_values)
     if untraced is None or shift is None:
         moved = np.zeros(len(keys.gpus), bool)
@@ -78,8 +77,9 @@ def join_gpu(
     chosen = instance[best[joined]]
     launch = _launches(table, keys.gpus, trace, start, row_req, valid)
     left, right = _pairs(chunks, chosen, start[chunks], end[chunks], instance, launch, ~moved)
-    per_key = np.bincount(np.unique(np.stack([key_g, instance]), axis=1)[0],
-                          minlength=int(key_g.max()) + 1)
+    key_of = np.empty(int(instance.max()) + 1, np.int64)
+    key_of[instance] = key_g  # an instance is of one key
+    per_key = np.bincount(key_of, minlength=int(key_g.max()) + 1)
     reused = chunks[per_key[key_c[joined]] > 1]
     order = np.lexsort((keys.gpus[right], left))
     return left[order], keys.gpus[right[order]].astype(np.int64), reused
@@ -118,10 +118,15 @@ def _pairs(chunks: np.ndarray, chosen: np.ndarray, c_start: np.ndarray, c_end: n
     # Gpu spans by (instance, launch): a chunk's launched ones are one run of them.
     rows = np.flatnonzero(narrow)
     order = rows[np.lexsort((launch[rows], instance[rows]))]
-    sorted_keys = np.rec.fromarrays([instance[order].astype(np.int64), launch[order]])
-    at = chosen.astype(np.int64)
-    lo = np.searchsorted(sorted_keys, np.rec.fromarrays([at, c_start]), "left")
-    hi = np.maximum(np.searchsorted(sorted_keys, np.rec.fromarrays([at, c_end]), "right"), lo)
+    # (instance, time) as one int64 that sorts alike: the time's rank among all the times.
+    times, rank = np.unique(np.concatenate([launch[order], c_start, c_end]),
+                            return_inverse=True)
+    width = np.int64(len(times))
+    sorted_keys = instance[order].astype(np.int64) * width + rank[:len(order)]
+    at = chosen.astype(np.int64) * width
+    n_c = len(chunks)
+    lo = np.searchsorted(sorted_keys, at + rank[len(order):len(order) + n_c], "left")
+    hi = np.maximum(np.searchsorted(sorted_keys, at + rank[len(order) + n_c:], "right"), lo)
     edges = np.zeros(len(order) + 1, np.int64)
     np.add.at(edges, lo, 1)
     np.add.at(edges, hi, -1)
@@ -146,23 +151,26 @@ def _runs(chunks: np.ndarray, lo: np.ndarray, hi: np.ndarray, order: np.ndarray
 
 def _key_codes(keys: StepKeys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Dense codes of ``(service, step_id)`` for the gpu rows, for the chunk rows and for
-    the step rows (-1: a key no gpu span has)."""
-    g = np.stack([keys.gpu_service.astype(np.int64), keys.gpu_step])
-    uniq, key_g = np.unique(g, axis=1, return_inverse=True)  # sorted: searchable
-
-    def lookup(service: np.ndarray, step: np.ndarray) -> np.ndarray:
-        c = np.stack([service.astype(np.int64), step])
-        pos = np.minimum(np.searchsorted(_flat(uniq), _flat(c)), uniq.shape[1] - 1)
-        hit = (uniq[0, pos] == c[0]) & (uniq[1, pos] == c[1])
-        return np.where(hit, pos, -1)
-
-    return (key_g.ravel(), lookup(keys.chunk_service, keys.chunk_step),
-            lookup(keys.step_service, keys.step_step))
+    the step rows (-1: a key no gpu span has), by hashing, not sorting."""
+    n_g, n_c = len(keys.gpus), len(keys.chunks)
+    code = _codes(np.concatenate([keys.gpu_service, keys.chunk_service, keys.step_service]),
+                  np.concatenate([keys.gpu_step, keys.chunk_step, keys.step_step]))
+    # Codes are given in order of first appearance, gpu rows first: theirs are 0..K-1.
+    key_g = code[:n_g]
+    known = int(key_g.max()) + 1
+    other = np.where(code[n_g:] < known, code[n_g:], -1)
+    return key_g, other[:n_c], other[n_c:]
 
 
-def _flat(pairs: np.ndarray) -> np.ndarray:
-    """``(service, step)`` pairs as one sortable value each (records: any step id)."""
-    return np.rec.fromarrays([pairs[0], pairs[1]])
+def _codes(*columns: np.ndarray) -> np.ndarray:
+    """Dense codes of the rows' tuples of ``columns`` (integers of any range), numbered in
+    order of first appearance: a hash per column, never a sort or a record compare."""
+    code = pd.factorize(columns[0])[0].astype(np.int64)
+    for column in columns[1:]:
+        values = pd.factorize(column)[0].astype(np.int64)
+        width = np.int64(values.max() + 1) if len(values) else np.int64(1)
+        code = pd.factorize(code * width + values)[0].astype(np.int64)
+    return code
 
 
 def _run_occurrence(keys: StepKeys, key_g: np.ndarray, trace: np.ndarray, clock: np.ndarray,
