@@ -94,9 +94,23 @@ def _codes_from(col: pa.ChunkedArray | pa.Array, runs: bool
         return np.empty(0, np.int32), [], None
     source = col.chunk(0).dictionary
     values = source.to_pylist()
-    idx = pa.chunked_array([c.indices for c in col.chunks]).combine_chunks()
-    out = np.asarray(pc.fill_null(idx, -1).to_numpy(zero_copy_only=False), dtype=np.int32)
-    return out, values, source
+    return _indices(col), values, source
+
+
+def _indices(col: pa.ChunkedArray) -> np.ndarray:
+    """The indices of a dictionary column with unified dictionaries as one int32 array (-1
+    for null): copied once, chunk by chunk, straight from each chunk's buffer where it
+    holds no null (combining the chunks, filling nulls and converting were three copies)."""
+    out = np.empty(len(col), np.int32)
+    at = 0
+    for chunk in col.chunks:
+        idx, n = chunk.indices, len(chunk)
+        if n and not idx.null_count and idx.type == pa.int32():
+            out[at:at + n] = np.frombuffer(idx.buffers()[1], np.int32, n, idx.offset * 4)
+        elif n:
+            out[at:at + n] = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False)
+        at += n
+    return out
 
 
 def blank_as_null(found: tuple[np.ndarray, list[str]]) -> tuple[np.ndarray, list[str]]:
