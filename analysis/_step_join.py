@@ -118,15 +118,16 @@ def _pairs(chunks: np.ndarray, chosen: np.ndarray, c_start: np.ndarray, c_end: n
     # Gpu spans by (instance, launch): a chunk's launched ones are one run of them.
     rows = np.flatnonzero(narrow)
     order = rows[np.lexsort((launch[rows], instance[rows]))]
-    # (instance, time) as one int64 that sorts alike: the time's rank among all the times.
-    times, rank = np.unique(np.concatenate([launch[order], c_start, c_end]),
-                            return_inverse=True)
-    width = np.int64(len(times))
-    sorted_keys = instance[order].astype(np.int64) * width + rank[:len(order)]
+    # (instance, launch) as one int64 that sorts alike: the launch's rank among the
+    # distinct launches. A chunk's launches are those ranked from the first launch at or
+    # after its start to the last at or before its end.
+    times, rank = np.unique(launch[order], return_inverse=True)
+    width = np.int64(len(times) + 1)
+    sorted_keys = instance[order].astype(np.int64) * width + rank
     at = chosen.astype(np.int64) * width
-    n_c = len(chunks)
-    lo = np.searchsorted(sorted_keys, at + rank[len(order):len(order) + n_c], "left")
-    hi = np.maximum(np.searchsorted(sorted_keys, at + rank[len(order) + n_c:], "right"), lo)
+    lo = np.searchsorted(sorted_keys, at + np.searchsorted(times, c_start, "left"), "left")
+    hi = np.maximum(np.searchsorted(sorted_keys, at + np.searchsorted(times, c_end, "right"),
+                                    "left"), lo)
     edges = np.zeros(len(order) + 1, np.int64)
     np.add.at(edges, lo, 1)
     np.add.at(edges, hi, -1)
