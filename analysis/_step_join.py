@@ -13,7 +13,7 @@ earlier occurrence), never the others: no request is given another step's gpu ti
 Within its instance a chunk joins the gpu spans it launched: those whose launch (the start
 of the forward that launched them, their parent, else their own start) lies in its span.
 A gpu span no chunk launched (one forward for the whole batch, launched before or after
-the chunks' spans) joins every chunk of its instance. Every step is a sort, a merge or a
+the chunks' spans) joins every chunk of its instance. Every step is a hash, a sort, a merge or a
 binary search, so the join is linear in rows (with a log factor) whatever the ids, and a
 chunk's copies are the spans it launched, or its batch's.
 """
