@@ -8,7 +8,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from ttft.collectors._trace_sink import SeenSink
+from ttft.collectors._trace_process import TraceProcess
 
 QUIET_S = 1.0
 """A run's spans are taken as complete once no span arrived for this long."""
@@ -17,15 +17,14 @@ INTERRUPTED_WAIT_S = 3.0
 last spans."""
 
 
-def wait_for_spans(sink: SeenSink, wanted: set[str], limit_s: float) -> None:
-    """Until every trace of ``wanted`` has spans in ``sink`` and none arrived for
+def wait_for_spans(recorder: TraceProcess, wanted: set[str], limit_s: float) -> None:
+    """Until every trace of ``wanted`` has spans at ``recorder`` and none arrived for
     `QUIET_S`, or ``limit_s`` passed."""
     deadline = time.monotonic() + limit_s
     last_rows, last_change = -1, time.monotonic()
+    recorder.want(wanted)
     while time.monotonic() < deadline:
-        with sink.lock:
-            complete = wanted <= sink.trace_ids
-            rows = sink.rows
+        complete, rows = recorder.poll()
         if rows != last_rows:
             last_rows, last_change = rows, time.monotonic()
         elif complete and time.monotonic() - last_change >= QUIET_S:
@@ -33,7 +32,7 @@ def wait_for_spans(sink: SeenSink, wanted: set[str], limit_s: float) -> None:
         time.sleep(0.05)
 
 
-def last_spans(sink: SeenSink, span_wait_s: float,
+def last_spans(recorder: TraceProcess, span_wait_s: float,
                on_waiting: Callable[[], None] | None) -> None:
     """After the load was stopped (Ctrl-C, SIGTERM): the requests that ended just before the
     stop, and those the stop cancelled (their server ends them when the client hangs up),
@@ -42,4 +41,4 @@ def last_spans(sink: SeenSink, span_wait_s: float,
     if on_waiting is not None:
         on_waiting()
     with contextlib.suppress(KeyboardInterrupt):
-        wait_for_spans(sink, set(), min(span_wait_s, INTERRUPTED_WAIT_S))
+        wait_for_spans(recorder, set(), min(span_wait_s, INTERRUPTED_WAIT_S))

@@ -1,6 +1,6 @@
-"""The sink ``trace_server`` gives its OTLP receivers: rows go to the run's trace, and the
-traces they belong to are remembered (which requests joined, which were served from a
-prefix cache)."""
+"""The sink of a traced run's OTLP receivers, in its recorder process
+(``_trace_process``): rows go to the run's trace, and the traces they belong to are
+remembered (which requests joined, which were served from a prefix cache)."""
 
 from __future__ import annotations
 

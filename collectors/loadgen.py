@@ -31,6 +31,7 @@ from ttft.collectors._client_request import SERVICE, Request, RequestResult, sen
 from ttft.collectors._pool import Pool
 from ttft.collectors._sender import Origin, wait_until
 from ttft.collectors._spans import to_span_table
+from ttft.collectors._trace_process import RowPipe
 from ttft.collectors.workloads import WorkItem, Workload
 from ttft.tracer.api import clock_ns
 from ttft.tracer.context import format_traceparent
@@ -119,7 +120,7 @@ class _RowSink:
                 logger.exception("%s: cannot append a request's rows", self._writer.path)
                 self._error = self._error or exc
 
-    def close(self) -> Exception | None:
+    async def finish(self) -> Exception | None:
         """Append every queued request's rows, stop the thread; the first failure or None."""
         self._queue.put(None)
         self._thread.join()
@@ -139,7 +140,7 @@ class _Schedule:
     a slot, and the results of those that ended (or were cancelled when the run stopped)."""
 
     def __init__(self, pool: Pool, size: int, limit: int, timeout_s: float,
-                 rows: _RowSink | None, on_sent: Callable[[int], None] | None,
+                 rows: _RowSink | RowPipe | None, on_sent: Callable[[int], None] | None,
                  on_result: Callable[[RequestResult], None] | None) -> None:
         self.pool, self.limit, self.timeout_s, self.rows = pool, limit, timeout_s, rows
         self.on_sent, self.on_result = on_sent, on_result
@@ -246,7 +247,7 @@ async def _warm_up(pool: Pool, encode: _Encoder, count: int, timeout_s: float) -
 
 async def run(base_url: str, workload: Workload, *, chat: bool = False, model: str | None = None,
               concurrency: int | None = None, warmup: int = 0, api_key: str | None = None,
-              timeout_s: float = 60.0, writer: TraceWriter | None = None,
+              timeout_s: float = 60.0, writer: TraceWriter | RowPipe | None = None,
               on_sent: Callable[[int], None] | None = None,
               on_result: Callable[[RequestResult], None] | None = None,
               sample: float = 1.0) -> list[RequestResult]:
@@ -271,11 +272,15 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
             spare connections are opened before the schedule starts.
         api_key: sent as ``Authorization: Bearer``.
         timeout_s: the longest one request may take, end to end.
-        writer: a ``TraceWriter``; each request's rows are appended to it as the request
-            ends (off the event loop). When the run stops early (cancelled, Ctrl-C), each
-            request still in flight ends with outcome ``cancelled`` (its client span cut
-            at the stop), and the rows of every request sent are appended before the
-            exception goes on; requests not yet sent leave none.
+        writer: where each request's rows go as the request ends: a ``TraceWriter`` in
+            this process (appended on a thread of its own, which competes with the event
+            loop for the interpreter: benchmarks/client_accuracy.py), or the rows pipe of a
+            writer in a process of its own (``TraceProcess.rows``, what ``ttft trace``
+            uses: one JSON encoding and a non-blocking write per request on the loop). When the
+            run stops early (cancelled, Ctrl-C), each request still in flight ends with
+            outcome ``cancelled`` (its client span cut at the stop), and the rows of every
+            request sent are appended before the exception goes on; requests not yet sent
+            leave none.
         on_sent: called with a request's index when it is handed to the HTTP client.
         on_result: called with each result as its request ends (for progress displays);
             never for a request cancelled by the stop, so the requests sent but not
@@ -301,10 +306,12 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
     encode = _Encoder(origin, chat=chat, model=model, api_key=api_key, sample=sample)
     limit = concurrency or max(1, len(workload))
     pool = Pool(origin, limit)
-    rows = _RowSink(writer) if writer is not None else None
+    rows = writer if writer is None or isinstance(writer, RowPipe) else _RowSink(writer)
     schedule = _Schedule(pool, len(workload), limit, timeout_s, rows, on_sent, on_result)
     with _gc_frozen():
         try:
+            if isinstance(rows, RowPipe):
+                await rows.open()
             await _warm_up(pool, encode, warmup, timeout_s)
             start_ns = clock_ns() + START_DELAY_NS
             for index in sorted(range(len(workload)), key=lambda i: workload[i].arrival_s):
@@ -316,7 +323,7 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
             await schedule.wait()
         finally:
             await schedule.cancel()  # a request still running ends cancelled, with rows
-            failed = rows.close() if rows is not None else None
+            failed = await rows.finish() if rows is not None else None
             await pool.close()
     if failed is not None:
         raise failed

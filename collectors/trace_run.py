@@ -13,6 +13,7 @@ import contextlib
 import platform
 import secrets
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,19 +22,15 @@ from datetime import datetime, timezone
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ttft.collectors import loadgen, workloads
 from ttft.collectors._server_models import choose_model, server_models
 from ttft.collectors._span_wait import last_spans, wait_for_spans
-from ttft.collectors._trace_sink import SeenSink
+from ttft.collectors._trace_process import TraceProcess
 from ttft.collectors.load_rates import LoadClock, LoadRates
 from ttft.collectors.workloads import WorkItem
-from ttft.collectors.writer import TraceWriter
 from ttft.tracer.schema import OUTCOME_OK
-
-if TYPE_CHECKING:
-    from ttft.collectors.otlp_grpc import Collector
 
 __all__ = ["TraceRun", "TraceSpec", "build_workload", "server_models", "server_root",
            "trace_server"]
@@ -278,18 +275,10 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
         notes = tuple(([] if fit.exact else [f"prompt lengths {lengths}"])
                       + ([f"model {model!r} not checked: {models['error']}"]
                          if "error" in models else []))
-        sink = SeenSink()
-        receivers = _receivers(spec, sink)
-        receivers.start()  # a busy port fails here, naming itself, before any file exists
+        recorder = TraceProcess(out, _run_metadata(spec, model, models, fit),
+                                receivers=_receivers(spec))  # a busy port: no file, named
         try:
-            writer = TraceWriter(out, metadata=_run_metadata(spec, model, models, fit), log=True)
-        except BaseException:
-            sink.attach(None)
-            receivers.stop()
-            raise
-        sink.attach(writer)
-        try:
-            endpoint = receivers.http_endpoint
+            endpoint = recorder.http_endpoint or ""
             if on_start is not None:
                 on_start(len(items), endpoint)
             clock = LoadClock(on_sent, on_result)
@@ -297,27 +286,27 @@ def trace_server(spec: TraceSpec, out: str | Path, *,
                 results = asyncio.run(loadgen.run(
                     url, items, chat=spec.endpoint == "chat", model=model,
                     concurrency=spec.concurrency, warmup=spec.warmup, api_key=spec.api_key,
-                    timeout_s=spec.timeout_s, writer=writer, on_sent=clock.on_sent,
+                    timeout_s=spec.timeout_s, writer=recorder.rows, on_sent=clock.on_sent,
                     on_result=clock.on_result))
             except KeyboardInterrupt:
-                last_spans(sink, spec.span_wait_s, on_waiting)
+                last_spans(recorder, spec.span_wait_s, on_waiting)
                 raise
             if on_waiting is not None:
                 on_waiting()
             if after_load is not None:
                 after_load()
-            wait_for_spans(sink, {r.trace_id for r in results if r.status_code == 200},
+            wait_for_spans(recorder, {r.trace_id for r in results if r.status_code == 200},
                            spec.span_wait_s)
         finally:
-            receivers.stop()
-            writer.close()
-    with sink.lock:
-        joined = len({r.trace_id for r in results} & sink.trace_ids)
-        cached = sum(1 for r in results
-                     if (r.cached_tokens or 0) > 0 or r.trace_id in sink.cached_ids)
+            closed = recorder.close()
+            if closed.error is not None and sys.exc_info()[0] is None:
+                raise closed.error
+    joined = len({r.trace_id for r in results} & closed.trace_ids)
+    cached = sum(1 for r in results
+                 if (r.cached_tokens or 0) > 0 or r.trace_id in closed.cached_ids)
     assert spec.seed is not None
     return TraceRun(Path(out), results, model, fit.exact, lengths, spec.seed, cached,
-                    spec.is_cold(), notes, sink.rows, joined, endpoint,
+                    spec.is_cold(), notes, closed.server_rows, joined, endpoint,
                     time.perf_counter() - started, clock.rates([it.arrival_s for it in items]))
 
 
@@ -372,10 +361,9 @@ def _run_metadata(spec: TraceSpec, model: str, models: dict[str, Any],
     }
 
 
-def _receivers(spec: TraceSpec, sink: SeenSink) -> Collector:
-    """The run's OTLP/HTTP receiver and, with ``receiver_grpc_port``, its OTLP/gRPC one, as
-    one :class:`~ttft.collectors.otlp_grpc.Collector` (whose ``start`` names a busy port)."""
-    from ttft.collectors.otlp_grpc import Collector
-
-    return Collector(sink, host=spec.receiver_host, http_port=spec.receiver_port,
-                     grpc_port=spec.receiver_grpc_port, token=spec.receiver_token)
+def _receivers(spec: TraceSpec) -> dict[str, Any]:
+    """The run's OTLP/HTTP receiver and, with ``receiver_grpc_port``, its OTLP/gRPC one:
+    :class:`~ttft.collectors.otlp_grpc.Collector`'s arguments, for the recorder process
+    (whose start names a busy port)."""
+    return {"host": spec.receiver_host, "http_port": spec.receiver_port,
+            "grpc_port": spec.receiver_grpc_port, "token": spec.receiver_token}
