@@ -28,7 +28,8 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     # name: (full arguments, --quick arguments)
     "attribution": (["--requests", "1000000"], ["--requests", "100000", "--sample", "500"]),
     "tracing_overhead": ([], ["--spans", "50000", "--rounds", "3", "--forwards", "8"]),
-    "client_accuracy": ([], ["--requests", "300", "--rates", "200"]),
+    "client_accuracy": ([], ["--requests", "300", "--rates", "200", "--wire-requests", "100",
+                             "--rounds", "1"]),
     "prefill": ([], ["--lengths", "256", "1024", "--chunks", "256", "--repeats", "2"]),
     "storage": ([], ["--requests", "5000"]),
     "receiver": ([], ["--spans", "16384", "--rounds", "3"]),

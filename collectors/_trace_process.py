@@ -187,7 +187,7 @@ class TraceProcess:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "ttft.collectors._trace_process"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, pass_fds=(read_fd,), start_new_session=False)
+                stdout=subprocess.PIPE, pass_fds=(read_fd,))
         except BaseException:
             os.close(write_fd)
             raise

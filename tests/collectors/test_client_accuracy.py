@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -56,3 +57,27 @@ def test_sends_on_schedule_and_stamps_first_bytes_after_the_server_wrote_them(be
     for r in results:
         sent_ns = next(row["start_ns"] for row in r.rows if row["name"] == "sent")
         assert sent_ns - anchor_ns < log[r.trace_id]["received_ns"]
+
+
+def test_against_the_wire_no_client_reports_a_ttft_shorter_than_the_packets(bench, tmp_path,
+                                                                          monkeypatch):
+    """benchmarks/client_accuracy.py's wire section, small: every ttft client (writer in the
+    recorder process, in-process, none) finds each request on the loopback capture, and its
+    TTFT is never shorter than the wire's (it starts before the POST leaves and stamps the
+    first token after its packet arrived), nor far longer."""
+    monkeypatch.syspath_prepend(str(BENCHMARK.parent))  # the benchmark imports _wire
+    from _wire import capture_available
+
+    reason = capture_available()
+    if reason is not None:
+        message = f"no packet capture on loopback: {reason} (apt-get install tcpdump)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    found = bench.wire_accuracy(12, 100.0, 1, None, tmp_path, ("c4", "rate"))
+    assert set(found) == {(c, client) for c in ("c4", "rate") for client in bench.CLIENTS[:3]}
+    for (condition, client), (errors,) in found.items():
+        assert len(errors) == 12, (condition, client)
+        assert (errors >= 0).all(), (condition, client, errors.min())
+        assert np.median(errors) < 5e6, (condition, client)
+    assert not list(tmp_path.glob("*.pcap"))
