@@ -72,6 +72,9 @@ class WireRequest:
         trace_id: the 32-hex trace id of its ``traceparent`` header; None without one.
         sent_ns: capture time of the packet carrying its last byte (head and body), when the
             server could first act on it; None if the capture ends before.
+        syn_ns: for the first request of a connection whose opening was captured, the
+            capture time of the client's SYN (a client that opened the connection for this
+            request began it then); None otherwise.
     """
 
     conn: tuple[int, int]
@@ -79,6 +82,7 @@ class WireRequest:
     first_token_ns: int | None
     trace_id: str | None
     sent_ns: int | None = None
+    syn_ns: int | None = None
 
 
 # --- capturing ---------------------------------------------------------------------------
@@ -560,8 +564,11 @@ class _Connection:
         self.streams = (_Stream(), _Stream())  # client -> server, server -> client
         self.requests = _Requests()
         self.parsers: tuple[_Parser, _Parser] = (self.requests, _Responses(self.requests))
+        self.syn_ns: int | None = None
 
     def segment(self, side: int, seq: int, flags: int, payload: bytes, ts: int) -> None:
+        if side == 0 and flags & (_SYN | _ACK) == _SYN and self.syn_ns is None:
+            self.syn_ns = ts
         for data, carried in self.streams[side].segment(seq, bool(flags & _SYN), payload, ts):
             self.parsers[side].feed(data, carried, ts)
 
@@ -579,7 +586,7 @@ class _Connection:
             if request.method == "POST":
                 token_ns = responses[i].token_ns if i < len(responses) else None
                 yield WireRequest(self.ports, request.start_ns, token_ns, request.trace_id,
-                                  request.end_ns)
+                                  request.end_ns, self.syn_ns if i == 0 else None)
 
 
 def read_pcap(path: Path, server_port: int) -> list[WireRequest]:

@@ -248,8 +248,10 @@ def _concurrency(condition: str) -> int | None:
 
 def ttft_wire_run(base_url: str, condition: str, n: int, rate: float, client: str,
                   folder: Path, otlp_port: int | None = None, model: str | None = None
-                  ) -> dict[str, float]:
-    """One ttft run; its client TTFT (client span start to first token) by trace id, ns.
+                  ) -> dict[str, tuple[float, bool]]:
+    """One ttft run; by trace id, its client TTFT (client span start to first token, ns) and
+    whether it waited for a new connection (a ``connect`` span: its window holds the TCP
+    handshake, so the wire's starts at the SYN).
     With ``otlp_port`` the server exports its spans there, and the writer's receiver
     listens on it (in the recorder process for ``ttft``, beside the event loop for ``ttft
     writer in-process``: the whole of ``ttft trace`` before and after)."""
@@ -280,7 +282,8 @@ def ttft_wire_run(base_url: str, condition: str, n: int, rate: float, client: st
             collector.stop()
         if writer is not None:
             writer.close()
-    return {r.trace_id: r.ttft_s * 1e9 for r in results if r.ttft_s is not None}
+    return {r.trace_id: (r.ttft_s * 1e9, any(row["stage"] == "connect" for row in r.rows))
+            for r in results if r.ttft_s is not None}
 
 
 @contextmanager
@@ -330,17 +333,21 @@ def guidellm_wire_run(guidellm: str, base_url: str, condition: str, n: int, rate
     return [(g.first_token_s * 1e9, g.ttft_ms * 1e6) for g in found if g.ok]
 
 
-def wire_errors(wire: list, ttft: dict[str, float] | None = None,
+def wire_errors(wire: list, ttft: dict[str, tuple[float, bool]] | None = None,
                 guidellm: list[tuple[float, float]] | None = None) -> np.ndarray:
     """Client TTFT − wire TTFT (first POST packet to the first packet carrying token text),
-    ns, per request found on both sides. ttft's requests are found by the trace id of their
-    ``traceparent``; guidellm sends none, so its requests are paired with the wire's in the
+    ns, per request found on both sides. A ttft request that waited for a new connection
+    starts on the wire at that connection's SYN instead: its client window holds the
+    handshake (the ``connect`` stage), and the POST comes after it. ttft's requests are
+    found by the trace id of their ``traceparent``; guidellm (whose request start is taken
+    once it has a connection) sends none, so its requests are paired with the wire's in the
     order of their first tokens (the nearest in time; a pairing that swaps two requests
     changes each error by the difference of their wire TTFTs, a few µs here)."""
     done = [w for w in wire if w.first_token_ns is not None]
     if ttft is not None:
-        return np.array([ttft[w.trace_id] - (w.first_token_ns - w.post_ns) for w in done
-                         if w.trace_id in ttft], float)
+        return np.array([ttft[w.trace_id][0] - (w.first_token_ns - (
+            w.syn_ns if ttft[w.trace_id][1] and w.syn_ns is not None else w.post_ns))
+            for w in done if w.trace_id in ttft], float)
     assert guidellm is not None
     done.sort(key=lambda w: w.first_token_ns)
     mine = sorted(guidellm)

@@ -48,6 +48,11 @@ _ESTIMATED = f'"{ATTR_ESTIMATED}"'
 """How an estimated span's attributes text names the key (``rows.attributes_json``)."""
 START_DELAY_NS = 2_000_000
 """The schedule starts this long after the warm-up, so the first request is not late."""
+SPARE = 4
+"""Connections an open loop keeps opened ahead of its arrivals."""
+MAX_SPARE = 64
+"""The most connections a closed loop opens before its first wave (its concurrency, up to
+this many)."""
 CANCELLED_ERROR = "the run stopped before the response ended"
 """The ``error`` of a request that ended ``cancelled``."""
 
@@ -269,7 +274,8 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
         model: the ``model`` field; omitted when None.
         concurrency: the most requests in flight; None for no limit.
         warmup: this many short untraced requests are sent first, one at a time; then
-            spare connections are opened before the schedule starts.
+            spare connections are opened before the schedule starts (with ``concurrency``
+            as many as it allows, up to 64, so its first wave waits for no handshake).
         api_key: sent as ``Authorization: Bearer``.
         timeout_s: the longest one request may take, end to end.
         writer: where each request's rows go as the request ends: a ``TraceWriter`` in
@@ -305,7 +311,10 @@ async def run(base_url: str, workload: Workload, *, chat: bool = False, model: s
     origin = Origin(base_url)
     encode = _Encoder(origin, chat=chat, model=model, api_key=api_key, sample=sample)
     limit = concurrency or max(1, len(workload))
-    pool = Pool(origin, limit)
+    # a closed loop's first wave is due at once: each of its requests finds a connection
+    # opened during the warm-up, not a handshake (and the client's work to start it) in its
+    # TTFT; an open loop keeps a few spare ahead of its arrivals
+    pool = Pool(origin, limit, spare=min(concurrency, MAX_SPARE) if concurrency else SPARE)
     rows = writer if writer is None or isinstance(writer, RowPipe) else _RowSink(writer)
     schedule = _Schedule(pool, len(workload), limit, timeout_s, rows, on_sent, on_result)
     with _gc_frozen():
