@@ -424,8 +424,9 @@ def print_wire(found: dict[tuple[str, str], list[np.ndarray]], rate: float) -> l
     against guidellm's in the same rounds."""
     from _figures import Figure
 
-    print(f"\nclient TTFT − wire TTFT (first POST packet to first token packet), ms; c = "
-          f"requests in flight, rate = {rate:g}/s constant; one column pair per round")
+    print(f"\nclient TTFT − wire TTFT (first POST packet, or the SYN of a connection opened for "
+          f"the request, to first token packet), ms p50 p90 (requests); c = requests in "
+          f"flight, rate = {rate:g}/s constant; one column group per round")
     figures = []
     for condition in CONDITIONS:
         name = condition if condition != "rate" else f"{rate:g}/s"
