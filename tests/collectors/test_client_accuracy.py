@@ -6,13 +6,12 @@ themselves live in the benchmark."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _benchmarks import benchmark_module
 
 from ttft.collectors.loadgen import run
 from ttft.collectors.workloads import poisson, workload
@@ -25,15 +24,8 @@ RATE_PER_S = 50.0
 @pytest.fixture(scope="module")
 def bench():
     """benchmarks/client_accuracy.py as a module (benchmarks/ is no package)."""
-    spec = importlib.util.spec_from_file_location("client_accuracy_benchmark", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("client_accuracy.py", "client_accuracy_benchmark") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 def test_sends_on_schedule_and_stamps_first_bytes_after_the_server_wrote_them(bench):

@@ -6,7 +6,6 @@ trace with every row the pipe held."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from _benchmarks import benchmark_module
 
 from ttft.collectors import read_spans, run_metadata
 from ttft.collectors._trace_process import TraceProcess
@@ -32,16 +32,9 @@ BENCHMARK = Path(__file__).parents[2] / "benchmarks" / "client_accuracy.py"
 def sse_url():
     """benchmarks/sse_server.py in a separate process (as benchmarks/client_accuracy.py
     starts it)."""
-    spec = importlib.util.spec_from_file_location("client_accuracy_for_recorder", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        with module.sse_server() as url:
-            yield url
-    finally:
-        del sys.modules[spec.name]
+    with benchmark_module("client_accuracy.py", "client_accuracy_for_recorder") as module, \
+            module.sse_server() as url:
+        yield url
 
 
 def _rows(table):

@@ -9,7 +9,6 @@ capture.
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
 import struct
 import subprocess
@@ -21,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from _benchmarks import benchmark_module
 
 BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 SERVER = BENCHMARKS / "sse_server.py"
@@ -31,15 +31,8 @@ FIRST_MS = 2.0
 @pytest.fixture(scope="module")
 def wire():
     """benchmarks/_wire.py as a module (benchmarks/ is no package)."""
-    spec = importlib.util.spec_from_file_location("wire_benchmark", BENCHMARKS / "_wire.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("_wire.py", "wire_benchmark") as module:
         yield module
-    finally:
-        del sys.modules[spec.name]
 
 
 # --- synthetic captures ------------------------------------------------------------------
