@@ -5,10 +5,12 @@ generator's process (docs/design.md, "The client's clock").
 Why a process: the load generator stamps ``first_token`` when its event loop reads the bytes.
 Anything else of ours in that interpreter (converting rows to Arrow, the log's writes, part
 flushes, decoding a server's OTLP exports) holds the interpreter lock and makes the stamp
-late; benchmarks/client_accuracy.py measured 0.22–0.54 ms client − wire p50 with a writer
-thread against 0.14–0.17 ms without one. The child costs the client one JSON encoding (about
-30 µs for 20 rows) and one non-blocking pipe write per request, done after that request
-ended.
+late. benchmarks/client_accuracy.py, against the packets on loopback, showed it as a tail:
+with a writer thread beside the loop, client − wire p90 reached 0.6–8.5 ms in some rounds,
+and with the writer here it was at most 0.30 ms against benchmarks/sse_server.py and
+0.82 ms against a CPU-bound ``ttft serve`` on the same cores. The child costs the client
+one JSON encoding (about 30 µs for 20 rows) and one non-blocking pipe write per request,
+done after that request ended.
 
 Two channels to the child:
 
