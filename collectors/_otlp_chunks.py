@@ -14,12 +14,21 @@ and the protobuf parser gives its own verdict.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Union
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+from ttft.collectors.otlp_decode import export_table
 from ttft.collectors.otlp_rows import parse_proto_request
 
-__all__ = ["CHUNK_SPANS", "message_chunks", "parsed_chunks", "proto_chunks"]
+Chunk = Union[ExportTraceServiceRequest, "tuple[pa.Table, int]"]
+"""A chunk of an export: parsed, for the reference conversion, or already a span table (and
+its number of spans) from the compiled path (:mod:`ttft.collectors.otlp_decode`)."""
+
+__all__ = ["CHUNK_SPANS", "decoded_chunks", "message_chunks", "parsed_chunks", "proto_chunks"]
 
 CHUNK_SPANS = 16_384
 """Spans per chunk: about 15 MB of rows in flight per request, whatever its size."""
@@ -176,6 +185,22 @@ def parsed_chunks(body: bytes, max_spans: int = CHUNK_SPANS
     """
     chunks = proto_chunks(body, max_spans)
     return (parse_proto_request(chunk) for chunk in chunks)
+
+
+def decoded_chunks(body: bytes, max_spans: int = CHUNK_SPANS) -> Iterator[Chunk]:
+    """The chunks of a protobuf body: the whole body as one span table when the compiled
+    path takes it (and it holds at most ``max_spans`` spans), else the checked chunks of
+    :func:`proto_chunks`, each a table where the compiled path takes it and parsed where it
+    does not.
+
+    Raises:
+        ValueError: the body does not parse (before anything is yielded).
+    """
+    whole = export_table(body, max_spans=max_spans)
+    if whole is not None:
+        return iter([whole])
+    chunks = proto_chunks(body, max_spans)
+    return (export_table(chunk) or parse_proto_request(chunk) for chunk in chunks)
 
 
 def proto_chunks(body: bytes, max_spans: int = CHUNK_SPANS) -> ProtoChunks | list[bytes]:

@@ -17,7 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from ttft.collectors._otlp_chunks import Chunk
 from ttft.collectors._spans import to_span_table
+from ttft.collectors.otlp_decode import export_table
 from ttft.collectors.otlp_rows import request_to_rows
 from ttft.collectors.writer import TraceWriter
 from ttft.tracer.schema import smallest_examples
@@ -72,14 +74,16 @@ def disk_full(exc: BaseException | None) -> bool:
     return False
 
 
-def store_export(chunks: Iterable[ExportTraceServiceRequest], parse_rejected: list[str],
+def store_export(chunks: Iterable[Chunk], parse_rejected: list[str],
                  sink: Sink) -> tuple[ExportTraceServiceResponse, int, list[str]]:
     """Convert an export's spans to rows chunk by chunk, hand each chunk's rows to ``sink``
     as one table, and answer.
 
     Args:
         chunks: the export, as requests of a bounded number of spans each
-            (:mod:`ttft.collectors._otlp_chunks`), so that only one chunk's rows are held.
+            (:mod:`ttft.collectors._otlp_chunks`), so that only one chunk's rows are held;
+            a chunk is a parsed request or a span table already decoded with its number of
+            spans (the compiled path, which a parsed request also tries first).
         parse_rejected: one message per span already left out of ``request`` when it was
             parsed (:func:`~ttft.collectors.otlp_rows.parse_json_export`).
         sink: takes the rows; not called for a chunk without a valid span.
@@ -97,6 +101,14 @@ def store_export(chunks: Iterable[ExportTraceServiceRequest], parse_rejected: li
     rejected = list(parse_rejected)
     stored = 0
     for chunk in chunks:
+        if isinstance(chunk, ExportTraceServiceRequest):
+            chunk = export_table(chunk.SerializeToString()) or chunk
+        if isinstance(chunk, tuple):  # the compiled path: every span valid
+            table, spans = chunk
+            if table.num_rows:
+                sink(table)
+            stored += spans
+            continue
         rows, errors = request_to_rows(chunk)
         if rows:
             sink(to_span_table(rows))

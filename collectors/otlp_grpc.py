@@ -17,7 +17,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from ttft.collectors._otlp_chunks import parsed_chunks
+from ttft.collectors._otlp_chunks import decoded_chunks
 from ttft.collectors._otlp_common import (
     DISK_FULL,
     MAX_INFLIGHT_BYTES,
@@ -29,6 +29,7 @@ from ttft.collectors._otlp_common import (
     disk_full,
     store_export,
 )
+from ttft.collectors.otlp_decode import warm_in_background
 from ttft.collectors.otlp_receiver import MAX_BODY_BYTES, OTLPReceiver
 from ttft.collectors.writer import TraceWriter
 from ttft.tracer.schema import smallest_examples
@@ -139,6 +140,7 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
             raise RuntimeError("receiver already started")
         if self.port != 0:
             _check_bindable(self.host, self.port)
+        warm_in_background()
         handler = grpc.method_handlers_generic_handler(_SERVICE, {
             # Raw bytes in: the generated servicer's deserializer would turn a malformed
             # message into INTERNAL; parsing here answers INVALID_ARGUMENT with the reason.
@@ -217,7 +219,7 @@ class OTLPGrpcReceiver(ReceiverBookkeeping):
                 raise _Abort(grpc.StatusCode.UNAUTHENTICATED,
                              "missing or wrong bearer token (authorization: Bearer <token>)")
         try:
-            chunks = parsed_chunks(body)
+            chunks = decoded_chunks(body)
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"message is {exc}") from exc
         try:

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from ttft.collectors._otlp_chunks import message_chunks, parsed_chunks
+from ttft.collectors._otlp_chunks import decoded_chunks, message_chunks
 from ttft.collectors._otlp_common import (
     DISK_FULL,
     MAX_INFLIGHT_BYTES,
@@ -38,6 +38,7 @@ from ttft.collectors._otlp_common import (
     disk_full,
     store_export,
 )
+from ttft.collectors.otlp_decode import warm_in_background
 from ttft.collectors.otlp_rows import parse_json_export, request_to_rows
 from ttft.collectors.writer import TraceWriter
 
@@ -91,7 +92,7 @@ def _parse(body: bytes, content_type: str
     not parse). The whole body is checked first: a 400 stores nothing."""
     try:
         if content_type == _PROTOBUF:
-            return parsed_chunks(body), []
+            return decoded_chunks(body), []
         request, rejected = parse_json_export(body)
     except ValueError as exc:
         raise _Reject(400, f"body is {exc}") from exc
@@ -271,6 +272,7 @@ class OTLPReceiver(ReceiverBookkeeping):
         if self._server is not None:
             raise RuntimeError("receiver already started")
         server = _Server((self.host, self.port), _Handler)
+        warm_in_background()
         server.receiver = self
         server.slots = threading.BoundedSemaphore(self.max_connections)
         server.stopping = threading.Event()
