@@ -35,6 +35,8 @@ from ttft.collectors._otlp_wire import (
 
 BAIL = -1
 """`scan`'s answer for a body the walk leaves to the reference decoder."""
+OVERFLOW = -2
+"""`scan`'s answer when a table it was given is too small for the body."""
 
 _INT64_MAX = np.uint64(0x7FFFFFFFFFFFFFFF)
 
@@ -168,7 +170,7 @@ def _resource(data: np.ndarray, p: int, end: int, r: int, fill: bool, kvs: np.nd
             return False
         k = cnt[1]
         cnt[1] += 1
-        if fill:
+        if fill and k < kvs.shape[0] and r < res.shape[0]:
             _put(kvs, k, key, key_len, kind, va, vb)
             res[r, column] = k
     return True
@@ -218,11 +220,11 @@ def _event(data: np.ndarray, p: int, end: int, fill: bool, kvs: np.ndarray, ev: 
                 return False
             k = cnt[1]
             cnt[1] += 1
-            if fill:
+            if fill and k < kvs.shape[0]:
                 _put(kvs, k, key, key_len, kind, va, vb)
         elif number != 4 or wire != VARINT:
             return False
-    if fill:
+    if fill and e < ev.shape[0] and cnt[1] <= kvs.shape[0]:
         ev[e, E_TIME], ev[e, E_NAME], ev[e, E_NAME_LEN] = time, name, name_len
         ev[e, E_KV0], ev[e, E_KV1] = kv0, cnt[1]
         return _sorted_unique(data, kvs, order, kv0, cnt[1])
@@ -303,15 +305,17 @@ def _span_attribute(data: np.ndarray, a: int, b: int, fill: bool, kvs: np.ndarra
     row[S_KV1] = cnt[1]
     if column >= 0:
         row[column] = k
-    if fill:
+    if fill and k < kvs.shape[0]:
         _put(kvs, k, key, key_len, kind, va, vb)
     return True
 
 
 @njit(cache=True, nogil=True)
 def _span(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.ndarray,
-          kvs: np.ndarray, ev: np.ndarray, order: np.ndarray, cnt: np.ndarray) -> bool:
-    row = np.full(S_COLS, -1, np.int64)
+          kvs: np.ndarray, ev: np.ndarray, order: np.ndarray, cnt: np.ndarray,
+          row: np.ndarray) -> bool:
+    """A ``Span``, its row built in ``row`` (scratch, reused)."""
+    row[:] = -1
     row[S_RES], row[S_NAME], row[S_NAME_LEN], row[S_START], row[S_END] = r, p, 0, 0, 0
     row[S_KV0], row[S_KV1], row[S_EV0] = cnt[1], cnt[1], cnt[2]
     row[S_CODE], row[S_MSG], row[S_MSG_LEN] = 0, p, 0
@@ -341,7 +345,7 @@ def _span(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.ndarray
     if row[S_TID] < 0 or row[S_SID] < 0 or row[S_END] < row[S_START]:
         return False
     row[S_EV1] = cnt[2]
-    if fill:
+    if fill and s < sp.shape[0] and row[S_KV1] <= kvs.shape[0]:
         sp[s] = row
         return _sorted_unique(data, kvs, order, row[S_KV0], row[S_KV1])
     return True
@@ -349,7 +353,8 @@ def _span(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.ndarray
 
 @njit(cache=True, nogil=True)
 def _scope_spans(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.ndarray,
-                 kvs: np.ndarray, ev: np.ndarray, order: np.ndarray, cnt: np.ndarray) -> bool:
+                 kvs: np.ndarray, ev: np.ndarray, order: np.ndarray, cnt: np.ndarray,
+                 row: np.ndarray) -> bool:
     scoped = False
     while p < end:
         number, wire, a, b, _ = field(data, p, end)
@@ -361,7 +366,7 @@ def _scope_spans(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.
             if not _scope(data, a, b):
                 return False
         elif number == 2:
-            if not _span(data, a, b, r, fill, sp, kvs, ev, order, cnt):
+            if not _span(data, a, b, r, fill, sp, kvs, ev, order, cnt, row):
                 return False
         elif number != 3 or not utf8_ok(data, a, b):
             return False
@@ -371,10 +376,12 @@ def _scope_spans(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.
 @njit(cache=True, nogil=True)
 def scan(data: np.ndarray, end: int, fill: bool, sp: np.ndarray, kvs: np.ndarray,
          ev: np.ndarray, res: np.ndarray, order: np.ndarray, cnt: np.ndarray) -> int:
-    """Walk ``data[:end]``. Without ``fill``, count into ``cnt`` (spans, key-values,
-    events, resources) and write nothing; with it, fill the tables, sized by a counting
-    walk. Returns 0, or `BAIL` for a body left to the reference."""
+    """Walk ``data[:end]``, counting into ``cnt`` (spans, key-values, events, resources)
+    and, with ``fill``, filling the tables. Returns 0; `BAIL` for a body left to the
+    reference; `OVERFLOW` where a table was too small (nothing past its end is written or
+    read; walk again with tables of the sizes counted)."""
     cnt[:] = 0
+    row = np.empty(S_COLS, np.int64)
     p = 0
     while p < end:
         number, wire, a, b, _ = field(data, p, end)
@@ -383,7 +390,7 @@ def scan(data: np.ndarray, end: int, fill: bool, sp: np.ndarray, kvs: np.ndarray
         p = b
         r = cnt[3]
         cnt[3] += 1
-        if fill:
+        if fill and r < res.shape[0]:
             res[r, :] = -1
         resourced = False
         q = a
@@ -397,8 +404,11 @@ def scan(data: np.ndarray, end: int, fill: bool, sp: np.ndarray, kvs: np.ndarray
                 if not _resource(data, a2, b2, r, fill, kvs, res, cnt):
                     return BAIL
             elif n2 == 2:
-                if not _scope_spans(data, a2, b2, r, fill, sp, kvs, ev, order, cnt):
+                if not _scope_spans(data, a2, b2, r, fill, sp, kvs, ev, order, cnt, row):
                     return BAIL
             elif n2 != 3 or not utf8_ok(data, a2, b2):
                 return BAIL
+    if fill and (cnt[0] > sp.shape[0] or cnt[1] > kvs.shape[0] or cnt[2] > ev.shape[0]
+                 or cnt[3] > res.shape[0]):
+        return OVERFLOW
     return 0

@@ -12,11 +12,13 @@ generated bodies and on every OTLP fixture.
 
 The kernels are compiled once per machine (numba's cache); :func:`warm` loads them, and a
 receiver calls it on a thread when it starts, answering with the reference until it is done.
+``TTFT_OTLP_DECODER=reference`` in the environment keeps every receiver on the reference.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 from typing import Any
 
@@ -30,6 +32,8 @@ def warm() -> bool:
     """Import and compile (or load from numba's cache) the kernels, once; whether they are
     usable (numba missing or failing leaves the reference path, logged once)."""
     with _lock:
+        if "ok" not in _state and os.environ.get("TTFT_OTLP_DECODER") == "reference":
+            _state["ok"] = False
         if "ok" not in _state:
             try:
                 from ttft.collectors import _otlp_emit, _otlp_scan
@@ -55,6 +59,15 @@ def warm_in_background() -> None:
     _state["thread"].start()
 
 
+def _enable(enabled: bool) -> None:
+    """Turn the compiled path on (warming it) or off, for measurements side by side."""
+    if enabled:
+        _state.pop("ok", None)
+        warm()
+    else:
+        _state["ok"] = False
+
+
 def ready() -> bool:
     """Whether :func:`warm` has made the kernels usable (never waits)."""
     return bool(_state.get("ok"))
@@ -72,22 +85,29 @@ def export_table(body: bytes, *, max_spans: int | None = None, _checked: bool = 
     scan = _state["scan"]
     data = np.frombuffer(body, np.uint8)
     cnt = np.zeros(4, np.int64)
-    nothing = (np.empty((0, scan.S_COLS), np.int64), np.empty((0, scan.K_COLS), np.int64),
-               np.empty((0, scan.E_COLS), np.int64), np.empty((0, scan.R_COLS), np.int64))
-    if scan.scan(data, data.size, False, *nothing, np.empty(0, np.int64), cnt) != 0:
+    # one walk into tables sized for a typical export (a span takes at least 28 bytes); a
+    # body denser than that is walked again into tables of the sizes counted
+    sizes = (data.size // 28 + 1, data.size // 8 + 16, data.size // 32 + 4, 8)
+    for _ in range(2):
+        sp = np.empty((sizes[0], scan.S_COLS), np.int64)
+        kvs = np.zeros((sizes[1] + 1, scan.K_COLS), np.int64)  # the last row: "none" (-1)
+        kvs[-1, scan.K_A] = -1
+        ev = np.empty((sizes[2], scan.E_COLS), np.int64)
+        res = np.empty((sizes[3], scan.R_COLS), np.int64)
+        order = np.empty(sizes[1], np.int64)
+        found = scan.scan(data, data.size, True, sp, kvs[:-1], ev, res, order, cnt)
+        if found != scan.OVERFLOW:
+            break
+        sizes = tuple(int(n) for n in cnt)
+    if found != 0:
         return None
     n_spans, n_kvs, n_events, n_resources = (int(n) for n in cnt)
     if max_spans is not None and n_spans > max_spans:
         return None
-    sp = np.empty((n_spans, scan.S_COLS), np.int64)
-    kvs = np.zeros((n_kvs + 1, scan.K_COLS), np.int64)  # the last row: "none" (index -1)
-    kvs[-1, scan.K_A] = -1
-    ev = np.empty((n_events, scan.E_COLS), np.int64)
-    res = np.empty((n_resources, scan.R_COLS), np.int64)
-    order = np.empty(n_kvs, np.int64)
-    if scan.scan(data, data.size, True, sp, kvs, ev, res, order, cnt) != 0:
-        return None
-    return _Columns(body, sp, kvs, ev, res, order).table(), n_spans
+    sp, ev, res, order = sp[:n_spans], ev[:n_events], res[:n_resources], order[:n_kvs]
+    kvs = np.concatenate([kvs[:n_kvs], kvs[-1:]])
+    table = _Columns(body, sp, kvs, ev, res, order).table()
+    return None if table is None else (table, n_spans)
 
 
 class _Columns:

@@ -263,3 +263,25 @@ def test_a_body_of_more_spans_than_a_chunk_is_chunked_and_still_compiled():
     rows = [row for table, _ in chunks for row in table.to_pylist()]
     assert rows == reference(body)[0]
     assert sum(n for _, n in chunks) == spans_in(body)
+
+
+def test_a_body_denser_than_the_first_guess_is_walked_again():
+    """200 one-letter keys without values take 5 bytes each, past the first walk's table
+    of key-values; the second walk, sized by the count, still agrees."""
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add(name="queue")
+    span.trace_id, span.span_id = bytes(15) + b"\1", bytes(7) + b"\1"
+    for index in range(200):
+        span.attributes.add(key=chr(0x100 + index))
+    assert check(request.SerializeToString())
+
+
+def test_the_reference_alone_when_the_compiled_path_is_off():
+    body = sdk_body(5)
+    otlp_decode._enable(False)
+    try:
+        assert otlp_decode.export_table(body) is None
+        assert all(not isinstance(c, tuple) for c in decoded_chunks(body))
+    finally:
+        otlp_decode._enable(True)
+    assert otlp_decode.export_table(body) is not None
