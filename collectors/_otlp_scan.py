@@ -354,7 +354,7 @@ def _span(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.ndarray
 @njit(cache=True, nogil=True)
 def _scope_spans(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.ndarray,
                  kvs: np.ndarray, ev: np.ndarray, order: np.ndarray, cnt: np.ndarray,
-                 row: np.ndarray) -> bool:
+                 row: np.ndarray, limit: int) -> bool:
     scoped = False
     while p < end:
         number, wire, a, b, _ = field(data, p, end)
@@ -366,7 +366,7 @@ def _scope_spans(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.
             if not _scope(data, a, b):
                 return False
         elif number == 2:
-            if not _span(data, a, b, r, fill, sp, kvs, ev, order, cnt, row):
+            if cnt[0] >= limit or not _span(data, a, b, r, fill, sp, kvs, ev, order, cnt, row):
                 return False
         elif number != 3 or not utf8_ok(data, a, b):
             return False
@@ -375,11 +375,13 @@ def _scope_spans(data: np.ndarray, p: int, end: int, r: int, fill: bool, sp: np.
 
 @njit(cache=True, nogil=True)
 def scan(data: np.ndarray, end: int, fill: bool, sp: np.ndarray, kvs: np.ndarray,
-         ev: np.ndarray, res: np.ndarray, order: np.ndarray, cnt: np.ndarray) -> int:
+         ev: np.ndarray, res: np.ndarray, order: np.ndarray, cnt: np.ndarray, limit: int
+         ) -> int:
     """Walk ``data[:end]``, counting into ``cnt`` (spans, key-values, events, resources)
     and, with ``fill``, filling the tables. Returns 0; `BAIL` for a body left to the
-    reference; `OVERFLOW` where a table was too small (nothing past its end is written or
-    read; walk again with tables of the sizes counted)."""
+    reference or holding more than ``limit`` spans (the walk stops there); `OVERFLOW`
+    where a table was too small (nothing past its end is written or read; walk again with
+    tables of the sizes counted)."""
     cnt[:] = 0
     row = np.empty(S_COLS, np.int64)
     p = 0
@@ -404,7 +406,8 @@ def scan(data: np.ndarray, end: int, fill: bool, sp: np.ndarray, kvs: np.ndarray
                 if not _resource(data, a2, b2, r, fill, kvs, res, cnt):
                     return BAIL
             elif n2 == 2:
-                if not _scope_spans(data, a2, b2, r, fill, sp, kvs, ev, order, cnt, row):
+                if not _scope_spans(data, a2, b2, r, fill, sp, kvs, ev, order, cnt, row,
+                                    limit):
                     return BAIL
             elif n2 != 3 or not utf8_ok(data, a2, b2):
                 return BAIL

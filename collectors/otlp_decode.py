@@ -87,23 +87,22 @@ def export_table(body: bytes, *, max_spans: int | None = None, _checked: bool = 
     cnt = np.zeros(4, np.int64)
     # one walk into tables sized for a typical export (a span takes at least 28 bytes); a
     # body denser than that is walked again into tables of the sizes counted
-    sizes = (data.size // 28 + 1, data.size // 8 + 16, data.size // 32 + 4, 8)
+    limit = (1 << 62) if max_spans is None else max_spans
+    sizes = (min(data.size // 28, limit) + 1, data.size // 8 + 16, data.size // 32 + 4, 8)
     for _ in range(2):
         sp = np.empty((sizes[0], scan.S_COLS), np.int64)
-        kvs = np.zeros((sizes[1] + 1, scan.K_COLS), np.int64)  # the last row: "none" (-1)
-        kvs[-1, scan.K_A] = -1
+        kvs = np.empty((sizes[1] + 1, scan.K_COLS), np.int64)  # the last row: "none" (-1)
+        kvs[-1] = (0, 0, scan.KIND_NULL, -1, 0)
         ev = np.empty((sizes[2], scan.E_COLS), np.int64)
         res = np.empty((sizes[3], scan.R_COLS), np.int64)
         order = np.empty(sizes[1], np.int64)
-        found = scan.scan(data, data.size, True, sp, kvs[:-1], ev, res, order, cnt)
+        found = scan.scan(data, data.size, True, sp, kvs[:-1], ev, res, order, cnt, limit)
         if found != scan.OVERFLOW:
             break
         sizes = tuple(int(n) for n in cnt)
     if found != 0:
         return None
     n_spans, n_kvs, n_events, n_resources = (int(n) for n in cnt)
-    if max_spans is not None and n_spans > max_spans:
-        return None
     sp, ev, res, order = sp[:n_spans], ev[:n_events], res[:n_resources], order[:n_kvs]
     kvs = np.concatenate([kvs[:n_kvs], kvs[-1:]])
     table = _Columns(body, sp, kvs, ev, res, order).table()
@@ -170,8 +169,10 @@ class _Columns:
         names_raw = "".join(stage_names).encode()
         names_off = np.cumsum([0] + [len(n.encode()) for n in stage_names]).astype(np.int64)
         names = np.frombuffer(names_raw, np.uint8)
-        data = np.frombuffer(bytes(self.body) + bytes(self.extra), np.uint8) if self.extra \
-            else np.frombuffer(self.body, np.uint8)
+        lit = np.array([self._add(b"otel.status_code"), 16,
+                        self._add(b"otel.status_description"), 23,
+                        self._add(b"OK"), 2, self._add(b"ERROR"), 5], np.int64)
+        data = np.frombuffer(bytes(self.body) + bytes(self.extra), np.uint8)
         other, event = stage_names.index("other"), stage_names.index("event")
         by_name = emit.find(data, sp[:, s.S_NAME], sp[:, s.S_NAME_LEN], names, names_off)
         stage_kv = sp[:, s.S_STAGE]
@@ -236,10 +237,6 @@ class _Columns:
         kv0, kv1 = own[:, s.S_KV0].copy(), own[:, s.S_KV1].copy()
         kv0[event_rows], kv1[event_rows] = events[:, s.E_KV0], events[:, s.E_KV1]
         code = np.where(is_span, own[:, s.S_CODE], 0)
-        lit = np.array([self._add(b"otel.status_code"), 16,
-                        self._add(b"otel.status_description"), 23,
-                        self._add(b"OK"), 2, self._add(b"ERROR"), 5], np.int64)
-        data = np.frombuffer(bytes(self.body) + bytes(self.extra), np.uint8)
         offsets = np.empty(n_rows + 1, np.int32)
         out = np.empty(6 * data.size + 128 * n_rows + 64 * len(kvs), np.uint8)
         used = emit.attributes_json(data, kvs, self.order, kv0, kv1, skip, code,
