@@ -200,6 +200,8 @@ def decoded_chunks(body: bytes, max_spans: int = CHUNK_SPANS) -> Iterator[Chunk]
     if whole is not None:
         return iter([whole])
     chunks = proto_chunks(body, max_spans)
+    if len(chunks) == 1:  # the whole body, which the compiled path has just left
+        return iter([parse_proto_request(body)])
     return (export_table(chunk) or parse_proto_request(chunk) for chunk in chunks)
 
 

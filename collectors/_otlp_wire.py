@@ -1,6 +1,10 @@
 """Protobuf wire-format primitives for the compiled OTLP walk (numba; private to
 ``collectors``): varints, fields, strict UTF-8, byte-string comparison, and the check of
-nested ``AnyValue`` trees (see :mod:`ttft.collectors._otlp_scan`)."""
+nested ``AnyValue`` trees (see :mod:`ttft.collectors._otlp_scan`).
+
+numba's cache keys a compiled function on its own file only: after editing this module,
+touch ``_otlp_scan.py`` and ``_otlp_emit.py`` too, or their cached kernels keep the old
+primitives (an installed release rewrites every file, so it never meets this)."""
 
 from __future__ import annotations
 
