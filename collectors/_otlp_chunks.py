@@ -28,7 +28,8 @@ Chunk = Union[ExportTraceServiceRequest, "tuple[pa.Table, int]"]
 """A chunk of an export: parsed, for the reference conversion, or already a span table (and
 its number of spans) from the compiled path (:mod:`ttft.collectors.otlp_decode`)."""
 
-__all__ = ["CHUNK_SPANS", "decoded_chunks", "message_chunks", "parsed_chunks", "proto_chunks"]
+__all__ = ["CHUNK_SPANS", "decoded_chunks", "decoded_message_chunks", "message_chunks",
+           "parsed_chunks", "proto_chunks"]
 
 CHUNK_SPANS = 16_384
 """Spans per chunk: about 15 MB of rows in flight per request, whatever its size."""
@@ -174,6 +175,14 @@ def message_chunks(request: ExportTraceServiceRequest, max_spans: int = CHUNK_SP
                 scope.schema_url = scope_spans.schema_url
                 scope.spans.extend(scope_spans.spans[first:first + max_spans])
                 yield chunk
+
+
+def decoded_message_chunks(request: ExportTraceServiceRequest, max_spans: int = CHUNK_SPANS
+                           ) -> Iterator[Chunk]:
+    """A parsed request's chunks (:func:`message_chunks`; an OTLP/JSON one), each a span
+    table where the compiled path takes it, else the chunk itself."""
+    return (export_table(chunk.SerializeToString()) or chunk
+            for chunk in message_chunks(request, max_spans))
 
 
 def parsed_chunks(body: bytes, max_spans: int = CHUNK_SPANS

@@ -13,13 +13,11 @@ from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
 from ttft.collectors._otlp_chunks import Chunk
 from ttft.collectors._spans import to_span_table
-from ttft.collectors.otlp_decode import export_table
 from ttft.collectors.otlp_rows import request_to_rows
 from ttft.collectors.writer import TraceWriter
 from ttft.tracer.schema import smallest_examples
@@ -82,8 +80,8 @@ def store_export(chunks: Iterable[Chunk], parse_rejected: list[str],
     Args:
         chunks: the export, as requests of a bounded number of spans each
             (:mod:`ttft.collectors._otlp_chunks`), so that only one chunk's rows are held;
-            a chunk is a parsed request or a span table already decoded with its number of
-            spans (the compiled path, which a parsed request also tries first).
+            a chunk is a parsed request (converted here by the reference) or a span
+            table the compiled path decoded, with its number of spans.
         parse_rejected: one message per span already left out of ``request`` when it was
             parsed (:func:`~ttft.collectors.otlp_rows.parse_json_export`).
         sink: takes the rows; not called for a chunk without a valid span.
@@ -101,8 +99,6 @@ def store_export(chunks: Iterable[Chunk], parse_rejected: list[str],
     rejected = list(parse_rejected)
     stored = 0
     for chunk in chunks:
-        if isinstance(chunk, ExportTraceServiceRequest):
-            chunk = export_table(chunk.SerializeToString()) or chunk
         if isinstance(chunk, tuple):  # the compiled path: every span valid
             table, spans = chunk
             if table.num_rows:

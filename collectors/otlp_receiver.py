@@ -22,11 +22,10 @@ from urllib.parse import urlsplit
 from google.protobuf import json_format
 from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
-from ttft.collectors._otlp_chunks import decoded_chunks, message_chunks
+from ttft.collectors._otlp_chunks import Chunk, decoded_chunks, decoded_message_chunks
 from ttft.collectors._otlp_common import (
     DISK_FULL,
     MAX_INFLIGHT_BYTES,
@@ -87,7 +86,7 @@ def _hold(take: Callable[[int], bool], n_bytes: int, budget_bytes: int) -> None:
 
 
 def _parse(body: bytes, content_type: str
-           ) -> tuple[Iterator[ExportTraceServiceRequest], list[str]]:
+           ) -> tuple[Iterator[Chunk], list[str]]:
     """The request in chunks, and one message per span left out of it (JSON spans that do
     not parse). The whole body is checked first: a 400 stores nothing."""
     try:
@@ -96,7 +95,7 @@ def _parse(body: bytes, content_type: str
         request, rejected = parse_json_export(body)
     except ValueError as exc:
         raise _Reject(400, f"body is {exc}") from exc
-    return message_chunks(request), rejected
+    return decoded_message_chunks(request), rejected
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ttft.collectors import otlp_decode
-from ttft.collectors._otlp_chunks import decoded_chunks
+from ttft.collectors._otlp_chunks import decoded_chunks, decoded_message_chunks
 from ttft.collectors._otlp_common import store_export
 from ttft.collectors._spans import to_span_table
 from ttft.collectors.otlp_rows import parse_json_export, parse_proto_request, request_to_rows
@@ -231,8 +231,8 @@ def test_json_bodies_go_through_the_same_columns():
     document = json_format.MessageToDict(request)
     parsed, rejected = parse_json_export(document)
     assert rejected == []
-    chunks = [otlp_decode.export_table(parsed.SerializeToString())]
-    assert chunks[0] is not None
+    chunks = list(decoded_message_chunks(parsed))
+    assert len(chunks) == 1 and isinstance(chunks[0], tuple)
     assert chunks[0][0].to_pylist() == reference(body)[0]
 
 
