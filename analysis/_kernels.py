@@ -281,3 +281,52 @@ def _covered(r, k, o, stage, inc, lo, hi, raw, cov, scratch) -> None:
                 total += hi[c] - max(lo[c], far)
                 far = hi[c]
         cov[r, s] = total
+
+
+_MIX_A = np.uint64(0x9E3779B97F4A7C15)
+_MIX_B = np.uint64(0xBF58476D1CE4E5B9)
+
+
+@njit(cache=True, nogil=True)
+def _slot(t: np.uint64, hi: np.uint64, lo: np.uint64, mask: np.uint64) -> np.int64:
+    """A hash of the key ``(t, hi, lo)`` as a slot of a table of ``mask + 1`` slots."""
+    x = (t * _MIX_A) ^ hi
+    x = (x ^ (x >> np.uint64(29))) * _MIX_B ^ lo
+    x = (x ^ (x >> np.uint64(32))) * _MIX_A
+    return np.int64((x ^ (x >> np.uint64(29))) & mask)
+
+
+@njit(cache=True, nogil=True)
+def first_of_keys(kt, kh, kl, qt, qh, ql, out) -> None:
+    """For each query ``(qt[i], qh[i], ql[i])``, the first index ``j`` whose key
+    ``(kt[j], kh[j], kl[j])`` equals it, into ``out[i]``; -1 where no key does (all uint64).
+
+    What ``pandas`` answers as ``query.merge(keys.drop_duplicates(), on=key)`` (the first
+    row of each distinct key kept) by one open-addressing hash table over the keys, linear
+    in both, where the merge hashes and sorts every column several times."""
+    size = 1
+    while size < 2 * len(kt) + 1:
+        size *= 2
+    mask = np.uint64(size - 1)
+    table = np.full(size, -1, np.int64)
+    for j in range(len(kt)):
+        s = _slot(kt[j], kh[j], kl[j], mask)
+        while True:
+            at = table[s]
+            if at < 0:
+                table[s] = j
+                break
+            if kt[at] == kt[j] and kh[at] == kh[j] and kl[at] == kl[j]:
+                break  # the first of the key stays
+            s = (s + 1) & (size - 1)
+    for i in range(len(qt)):
+        out[i] = -1
+        s = _slot(qt[i], qh[i], ql[i], mask)
+        while True:
+            at = table[s]
+            if at < 0:
+                break
+            if kt[at] == qt[i] and kh[at] == qh[i] and kl[at] == ql[i]:
+                out[i] = at
+                break
+            s = (s + 1) & (size - 1)

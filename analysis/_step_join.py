@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from ttft.analysis import _column_arrays as col
 from ttft.analysis._grouping import StepKeys, step_keys
 from ttft.analysis._id_words import id_words
 from ttft.analysis._trees import value_rank
@@ -90,21 +91,49 @@ def _launches(table: pa.Table, gpus: np.ndarray, trace: np.ndarray, start: np.nd
     """Each gpu row's launch: the start of its parent (the forward that launched it) when
     that is a span of its own engine trace starting no later than it, else its own start
     (work on a device starts after its launch, maybe long after: queued behind the
-    step's earlier work)."""
+    step's earlier work). Of several engine spans with the parent's trace and id, the
+    first in the table is the parent."""
     launch = start[gpus].copy()
     engine = np.flatnonzero(valid & (row_req < 0))
     (ph, pl, pp), (sh, sl, sp) = id_words((table.column("parent_id"), gpus),
                                           (table.column("span_id"), engine))
     if not pp.any() or not sp.any():
         return launch
-    spans = pd.DataFrame({"t": trace[engine[sp]], "h": sh[sp], "l": sl[sp], "row": engine[sp]})
-    wanted = pd.DataFrame({"t": trace[gpus[pp]], "h": ph[pp], "l": pl[pp],
-                           "g": np.flatnonzero(pp)})
-    found = wanted.merge(spans.drop_duplicates(["t", "h", "l"]), on=["t", "h", "l"])
-    g, parent = found["g"].to_numpy(np.int64), found["row"].to_numpy(np.int64)
+    keys = (trace[engine[sp]], sh[sp], sl[sp])
+    wanted = (trace[gpus[pp]], ph[pp], pl[pp])
+    first = (_first_hashed if len(engine) >= col.KERNEL_ROWS else first_merged)(keys, wanted)
+    found = first >= 0
+    g, parent = np.flatnonzero(pp)[found], engine[sp][first[found]]
     ok = start[parent] <= launch[g]
     launch[g[ok]] = start[parent[ok]]
     return launch
+
+
+Keys = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def first_merged(keys: Keys, wanted: Keys) -> np.ndarray:
+    """For each wanted ``(trace, high, low)``, the index of the first of ``keys`` equal to
+    it, -1 where none: by a pandas merge on the keys made distinct (the reference of
+    `_first_hashed`, and the way for small tables, which never load numba)."""
+    spans = pd.DataFrame({"t": keys[0], "h": keys[1], "l": keys[2],
+                          "row": np.arange(len(keys[0]))})
+    query = pd.DataFrame({"t": wanted[0], "h": wanted[1], "l": wanted[2],
+                          "g": np.arange(len(wanted[0]))})
+    found = query.merge(spans.drop_duplicates(["t", "h", "l"]), on=["t", "h", "l"])
+    out = np.full(len(wanted[0]), -1, np.int64)
+    out[found["g"].to_numpy(np.int64)] = found["row"].to_numpy(np.int64)
+    return out
+
+
+def _first_hashed(keys: Keys, wanted: Keys) -> np.ndarray:
+    """`first_merged` by one compiled hash table (``_kernels.first_of_keys``)."""
+    from ttft.analysis._kernels import first_of_keys  # numba: only large tables need it
+
+    out = np.empty(len(wanted[0]), np.int64)
+    first_of_keys(*(np.ascontiguousarray(a).astype(np.uint64, copy=False)
+                    for a in (*keys, *wanted)), out)
+    return out
 
 
 def _pairs(chunks: np.ndarray, chosen: np.ndarray, c_start: np.ndarray, c_end: np.ndarray,

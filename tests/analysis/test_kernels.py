@@ -13,7 +13,7 @@ from _build import event, row, table
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ttft.analysis import _column_arrays
+from ttft.analysis import _column_arrays, _step_join
 from ttft.analysis._column_arrays import int_attribute
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
@@ -94,3 +94,23 @@ def test_exclusive_sweep_equals_the_blocks(boundary):
         for part in ("attributed", "covered", "raw"):
             pd.testing.assert_frame_equal(getattr(got, part), getattr(want, part))
         assert (got.attributed.sum(axis=1) == got.requests.ttft_ns).all()
+
+
+_words = st.integers(0, 3) | st.just(2**64 - 1)
+"""Key parts from a few values (so keys repeat and collide) and the largest uint64."""
+_keys = st.lists(st.tuples(_words, _words, _words), max_size=60)
+
+
+@settings(max_examples=300)
+@given(_keys, _keys)
+def test_first_of_keys_finds_what_the_merge_finds(keys, wanted):
+    """The compiled hash join of the step join's launches against the pandas merge it
+    stands in for: for each wanted key, the first index holding it, or -1."""
+    def columns(rows):
+        return tuple(np.array([r[i] for r in rows], np.uint64) for i in range(3))
+
+    want = _step_join.first_merged(columns(keys), columns(wanted))
+    got = _step_join._first_hashed(columns(keys), columns(wanted))
+    assert got.tolist() == want.tolist()
+    assert want.tolist() == [keys.index(w) if w in keys else -1 for w in wanted]
+

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from _build import event, row, table
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ttft.analysis import _column_arrays
 from ttft.analysis.assemble import assemble
 
 ENGINE = 999
@@ -78,3 +80,15 @@ def test_each_chunk_joins_its_own_steps_work_in_any_row_order(seed, batches, ids
     shuffled = rows[:]
     random.Random(seed + 1).shuffle(shuffled)
     assert _joined(shuffled) == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), batches=st.integers(1, 8), ids=st.integers(1, 3),
+       batched=st.booleans())
+def test_the_compiled_launches_join_the_same_work(seed, batches, ids, batched):
+    """With the compiled kernels of large tables (``_kernels.first_of_keys`` finding each
+    gpu span's forward), each chunk still joins exactly its step's work."""
+    rows, expected = _trace(seed, batches, ids, batched)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_column_arrays, "KERNEL_ROWS", 1)
+        assert _joined(rows) == {chunk: gpus for chunk, gpus in expected.items() if gpus}
