@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import gc
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -56,11 +57,13 @@ def child(path: str, policy: str) -> None:
     _settle()
     base_kib = _rss_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     asm = assemble(table)
     assembled = time.perf_counter()
     result = attribute(asm, "client", policy)
     done = time.perf_counter()
+    after = resource.getrusage(resource.RUSAGE_SELF)
     peak_kib = _rss_kib("VmHWM")
     assert len(result.requests) == len(asm.requests)
     print(
@@ -71,6 +74,8 @@ def child(path: str, policy: str) -> None:
                 "assemble_s": assembled - started,
                 "attribute_s": done - assembled,
                 "peak_above_input_bytes": (peak_kib - base_kib) * 1024,
+                "user_s": after.ru_utime - before.ru_utime,
+                "sys_s": after.ru_stime - before.ru_stime,
             }
         )
     )
@@ -200,7 +205,7 @@ def main() -> None:
     print()
     print(
         f"{'policy':<14}{'assemble s':>12}{'attribute s':>13}{'spans/s':>14}"
-        f"{'× sweep':>9}{'peak MB':>10}{'B/span':>8}"
+        f"{'× sweep':>9}{'peak MB':>10}{'B/span':>8}{'user s':>8}{'sys s':>7}"
     )
     for policy, f in figures.items():
         total = f["assemble_s"] + f["attribute_s"]
@@ -208,7 +213,7 @@ def main() -> None:
         print(
             f"{policy:<14}{f['assemble_s']:>12.2f}{f['attribute_s']:>13.2f}{rate:>14,.0f}"
             f"{rate / sweep_rate:>9.1f}{f['peak_above_input_bytes'] / 2**20:>10,.0f}"
-            f"{f['peak_above_input_bytes'] / f['rows']:>8.0f}"
+            f"{f['peak_above_input_bytes'] / f['rows']:>8.0f}{f['user_s']:>8.2f}{f['sys_s']:>7.2f}"
         )
     print(
         f"plain sweep (exclusive, {args.sample:,} requests, {n_rows:,} spans): "
@@ -216,6 +221,9 @@ def main() -> None:
         f"{n_rows / vec_small_s:,.0f} spans/s; same parts: {same}"
     )
     print(f"input table: {figures['exclusive']['input_bytes'] / 2**20:,.0f} MB in memory")
+    print("user s / sys s: the CPU time of assemble + attribute in the process and in the kernel; "
+          "on a VM whose memory the host backs on first touch, sys (page faults) swings "
+          "from run to run with how recently the pages were used (README, performance)")
     print("goals: ≥ 3,000,000 spans/s, ≥ 30× the sweep, ≤ 300 B/span above the input")
     out = []
     for policy, f in figures.items():
