@@ -99,11 +99,12 @@ def _launches(table: pa.Table, gpus: np.ndarray, trace: np.ndarray, start: np.nd
                                           (table.column("span_id"), engine))
     if not pp.any() or not sp.any():
         return launch
-    keys = (trace[engine[sp]], sh[sp], sl[sp])
+    named = engine[sp]  # the engine spans that have an id
+    keys = (trace[named], sh[sp], sl[sp])
     wanted = (trace[gpus[pp]], ph[pp], pl[pp])
     first = (_first_hashed if len(engine) >= col.KERNEL_ROWS else first_merged)(keys, wanted)
     found = first >= 0
-    g, parent = np.flatnonzero(pp)[found], engine[sp][first[found]]
+    g, parent = np.flatnonzero(pp)[found], named[first[found]]
     ok = start[parent] <= launch[g]
     launch[g[ok]] = start[parent[ok]]
     return launch
