@@ -132,7 +132,10 @@ def group(table: pa.Table, d: Decoded) -> Grouping:
     req_of_trace = np.full(n_traces, -1, np.int64)
     req_of_trace[req_traces] = inv
     first_trace = col.smallest_by_value(inv, req_traces, d.trace_values, n_req)
-    row_req = np.where(d.valid, req_of_trace[np.maximum(d.trace, 0)], -1)
+    # One gather, then the rows not valid (a row without a trace, -1, is one) set to -1:
+    # no clipped copy of the codes and no third array (0.8 s of fresh memory at 23.8M rows).
+    row_req = req_of_trace[d.trace] if n_traces else np.full(n, -1, np.int64)
+    row_req[~d.valid] = -1
     return Grouping(row_req, n_req, uniq, rid_values, first_trace, req_of_trace)
 
 

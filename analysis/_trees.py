@@ -51,10 +51,23 @@ class Spans:
 def value_rank(codes: np.ndarray, values: list[str]) -> np.ndarray:
     """``codes`` (into ``values``) replaced by the rank of their value among those present:
     ties broken by what the codes name, never by the order codes were given out."""
-    used, inv = np.unique(codes, return_inverse=True)
+    codes = np.asarray(codes)
+    # Codes into few values against the rows (an engine's gpu spans): which are present by
+    # a table, not a sort of every row's code (0.35 s of 3M codes at 23.8M spans).
+    dense = codes.size > 0 and codes.min() >= 0 and len(values) <= 4 * codes.size + 65_536
+    if dense:
+        present = np.zeros(len(values), bool)
+        present[codes] = True
+        used = np.flatnonzero(present)
+    else:
+        used, inv = np.unique(codes, return_inverse=True)
     rank = np.empty(len(used), np.int64)
     rank[np.argsort(np.asarray([values[c] for c in used], dtype=object))] = np.arange(len(used))
-    return rank[inv].reshape(codes.shape)
+    if not dense:
+        return rank[inv].reshape(codes.shape)
+    by_code = np.empty(len(values), np.int64)
+    by_code[used] = rank
+    return by_code[codes]
 
 
 def resolve_trees(

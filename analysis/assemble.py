@@ -189,6 +189,7 @@ def assemble(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = 
         borrowed: per row, whether it is a copy whose original another partition holds
             (its row defects are counted there, not here); None for none.
     """
+    col.release_arrow_pool()  # what reading and mapping the table left in the pool
     step = _aligned(table, *_grouped(table, borrowed), offsets)
     span_rows, chunk_rows, gpu_rows = _joined(step)
     spans, windows, fix = _trees(step, span_rows, chunk_rows, gpu_rows)
@@ -213,7 +214,9 @@ def _grouped(table: pa.Table, borrowed: np.ndarray | None
     backwards = counted & d.backwards
     quality.add("end_before_start", int(backwards.sum()),
                 _examples(d.trace_values, d.trace[backwards]))
-    return quality, d, group(table, d)
+    grouping = group(table, d)
+    col.release_arrow_pool()  # decode's hashing is done: numpy's arrays come next
+    return quality, d, grouping
 
 
 def _aligned(table: pa.Table, quality: Quality, d: Decoded, g: Grouping,
@@ -288,6 +291,7 @@ def _trees(step: _Assembling, span_rows: np.ndarray, chunk_rows: np.ndarray,
     p_hi = np.concatenate([p_hi, s_hi[chunk_at]])[order]
     p_lo = np.concatenate([p_lo, s_lo[chunk_at]])[order]
     has_parent = np.concatenate([p_has, np.ones(len(chunk_at), bool)])[order]
+    del s_hi, s_lo, s_has, p_has, g_hi, g_lo, g_has, chunk_at  # held to the end otherwise
     offsets = np.empty(n_req, np.int64)
     offsets[by_count] = np.concatenate([[0], np.cumsum(counts[by_count])[:-1]])
     spans = Spans(
@@ -312,6 +316,9 @@ def _trees(step: _Assembling, span_rows: np.ndarray, chunk_rows: np.ndarray,
     parent_trace = span_trace.copy()  # a span's own trace, but a gpu copy's is its chunk's
     copies = np.flatnonzero(is_copy)
     parent_trace[copies] = trace[chunk_rows[order[copies] - n_plain]]
+    # What resolve_trees does not read is let go first: its own arrays then reuse that
+    # memory, where every fresh page is time (docs/architecture.md, "Memory is time").
+    del rows, order, is_copy, copies, move
     windows = resolve_trees(spans, has_sid, (p_hi, p_lo, parent_trace), has_parent, n_req,
                             span_trace, d.trace_values)
     return spans, windows, fix
