@@ -58,7 +58,18 @@ def among(codes: np.ndarray, wanted, size: int) -> np.ndarray:
 
 
 def int64(col: pa.ChunkedArray | pa.Array, fill: int = 0) -> np.ndarray:
-    """An int64 column as a numpy array, nulls replaced by ``fill``."""
+    """An int64 column as a numpy array, nulls replaced by ``fill``: a view of Arrow's
+    buffer where the column is one chunk (read-only), else one copy numpy owns (writable),
+    filled chunk by chunk rather than combined first (which would copy every row twice)."""
+    if isinstance(col, pa.ChunkedArray) and col.num_chunks > 1:
+        out = np.empty(len(col), np.int64)
+        at = 0
+        for chunk in col.chunks:
+            if chunk.null_count:
+                chunk = pc.fill_null(chunk, fill)
+            out[at:at + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
+            at += len(chunk)
+        return out
     arr = one_array(col)
     if arr.null_count:
         arr = pc.fill_null(arr, fill)
@@ -220,6 +231,12 @@ def _fixed_width_codes(texts: pa.Array) -> tuple[np.ndarray, list[str]] | None:
     if not np.array_equal(words, words[first[found]]):
         return None
     return found.astype(np.int32), texts.take(pa.array(first)).to_pylist()
+
+
+def narrow(codes: np.ndarray, n_values: int) -> np.ndarray:
+    """Codes (-1 for null) into ``n_values`` values as int16 where they fit: for codes held
+    to the end of an analysis (``Rows.service``, ``Rows.clock``), 2 B a row less each."""
+    return codes.astype(np.int16) if n_values < 2**15 else codes
 
 
 def release_arrow_pool() -> None:

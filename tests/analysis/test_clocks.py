@@ -90,6 +90,20 @@ def test_attribution_of_a_shifted_trace_equals_the_unshifted_one(synth, delta_ns
     assert [c.offset_ns for c in asm.quality.clocks] == [-delta_ns]
 
 
+def test_a_shifted_trace_in_several_chunks_moves_its_own_copy_of_the_times(synth):
+    # Several chunks: the decoded times are numpy's own copy, shifted in place; the table
+    # itself (Arrow's buffers) must not move, and the answer is the one-chunk table's.
+    moved = shifted(synth, -250 * MS)
+    chunked = pa.Table.from_batches(moved.to_batches(max_chunksize=7))
+    assert chunked.column("start_ns").num_chunks > 1
+    before = chunked.column("start_ns").to_pylist()
+    assert_same_attribution(moved, chunked, tolerance_ns=0)
+    assert chunked.column("start_ns").to_pylist() == before
+    one, many = assemble(moved).rows, assemble(chunked).rows
+    assert np.array_equal(one.start_ns, many.start_ns)
+    assert np.array_equal(one.end_ns, many.end_ns)
+
+
 def test_summary_and_terminal_report_the_offset(synth):
     moved = shifted(synth, -250 * MS)
     asm = assemble(moved)

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ttft.analysis._column_arrays import codes, group_order, int_attribute
+from ttft.analysis._column_arrays import codes, group_order, int64, int_attribute, narrow
 from ttft.analysis._id_words import id_values, id_words
 
 
@@ -190,3 +190,21 @@ def test_span_ids_by_chunks_equal_the_whole_column(ids, chunk, odd):
     # Equal ids get equal words, and words order the ids as the strings do.
     assert sorted(real, key=lambda i: (keys[i], i)) == sorted(real, key=lambda i: (ids[i], i))
     assert all(keys[i] == (0, 0) for i in range(len(ids)) if ids[i] is None)
+
+
+@given(st.lists(st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)), max_size=5),
+                min_size=1, max_size=5))
+def test_int64_of_several_chunks_is_an_owned_copy_with_nulls_filled(chunks):
+    column = pa.chunked_array([pa.array(c, pa.int64()) for c in chunks], pa.int64())
+    got = int64(column, fill=-7)
+    assert got.dtype == np.int64
+    assert got.tolist() == [-7 if v is None else v for c in chunks for v in c]
+    if column.num_chunks > 1:
+        assert got.flags.writeable and got.flags.owndata
+
+
+def test_narrow_keeps_every_code_and_null():
+    codes_ = np.array([-1, 0, 5, 32_766], np.int32)
+    assert narrow(codes_, 32_767).dtype == np.int16
+    assert narrow(codes_, 32_767).tolist() == codes_.tolist()
+    assert narrow(codes_, 2**15) is codes_  # too many values: left as they are
