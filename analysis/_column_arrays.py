@@ -59,8 +59,8 @@ def among(codes: np.ndarray, wanted, size: int) -> np.ndarray:
 
 def int64(col: pa.ChunkedArray | pa.Array, fill: int = 0) -> np.ndarray:
     """An int64 column as a numpy array, nulls replaced by ``fill``: a view of Arrow's
-    buffer where the column is one chunk (read-only), else one copy numpy owns (writable),
-    filled chunk by chunk rather than combined first (which would copy every row twice)."""
+    buffer where the column is one chunk (read-only), else one copy numpy owns (writable,
+    so a caller may move it in place: ``assemble._moved``), filled chunk by chunk."""
     if isinstance(col, pa.ChunkedArray) and col.num_chunks > 1:
         out = np.empty(len(col), np.int64)
         at = 0

@@ -114,7 +114,6 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
         raise ValueError(f"unknown boundary {boundary!r}; choose from {BOUNDARY_NAMES}")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {POLICIES}")
-    col.release_arrow_pool()  # what assembling's string columns left: numpy's arrays next
     reqs = asm.requests
     ok = asm.ok()
     windowed = asm.has_window(boundary)
