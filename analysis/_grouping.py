@@ -109,22 +109,39 @@ class Grouping:
         return np.where(self.uniq < len(self.rid_values), rid, traces)
 
 
+def request_traces(d: Decoded) -> np.ndarray:
+    """Per trace code, whether the trace is a request: it holds a valid request-stage span
+    or a boundary event. Each trace's answer depends on its own rows alone."""
+    request_stage = col.among(d.stage, [CODE[s] for s in REQUEST_STAGES], N_STAGES)
+    marks = d.valid & request_stage
+    boundary_event = np.zeros(len(d.trace), bool)
+    boundary_event[d.ev_rows] = (d.kind >= 0) & (d.kind < len(BOUNDARY_EVENTS))
+    trace_is_req = np.zeros(len(d.trace_values), bool)
+    trace_is_req[d.trace[marks | boundary_event]] = True
+    return trace_is_req
+
+
+def trace_request_ids(table: pa.Table, d: Decoded, among: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, list[str]]:
+    """Per trace code, the code of the smallest request id of its valid rows (-1: none),
+    and the request ids' values; with ``among`` (per trace code), only those traces'.
+    A trace holding several request ids joins by the smallest; a request of several
+    traces is named by the smallest trace id: never by row order."""
+    rid, rid_values = col.blank_as_null(col.codes(table.column("request_id")))
+    with_rid = d.valid & (rid >= 0)
+    if among is not None:
+        with_rid &= among[np.maximum(d.trace, 0)]
+    return (col.smallest_by_value(d.trace[with_rid], rid[with_rid], rid_values,
+                                  len(d.trace_values)), rid_values)
+
+
 def group(table: pa.Table, d: Decoded) -> Grouping:
     """Which traces are requests (they hold a request-stage span or a boundary event), and
     which are one request (they share a ``request_id``)."""
     n = table.num_rows
     n_traces = len(d.trace_values)
-    request_stage = col.among(d.stage, [CODE[s] for s in REQUEST_STAGES], N_STAGES)
-    marks = d.valid & request_stage
-    boundary_event = np.zeros(n, bool)
-    boundary_event[d.ev_rows] = (d.kind >= 0) & (d.kind < len(BOUNDARY_EVENTS))
-    trace_is_req = np.zeros(n_traces, bool)
-    trace_is_req[d.trace[marks | boundary_event]] = True
-    rid, rid_values = col.blank_as_null(col.codes(table.column("request_id")))
-    with_rid = d.valid & (rid >= 0) & trace_is_req[np.maximum(d.trace, 0)]
-    # A trace holding several request ids joins by the smallest; a request of several
-    # traces is named by the smallest trace id: never by row order.
-    rid_of_trace = col.smallest_by_value(d.trace[with_rid], rid[with_rid], rid_values, n_traces)
+    trace_is_req = request_traces(d)
+    rid_of_trace, rid_values = trace_request_ids(table, d, trace_is_req)
     req_traces = np.flatnonzero(trace_is_req)
     key = np.where(rid_of_trace >= 0, rid_of_trace, len(rid_values) + np.arange(n_traces))
     uniq, inv = np.unique(key[req_traces], return_inverse=True)

@@ -20,10 +20,20 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ttft.analysis._grouping import Decoded, Grouping, decode, group, step_keys
+from ttft.analysis import _column_arrays as col
+from ttft.analysis._grouping import (
+    Decoded,
+    Grouping,
+    decode,
+    group,
+    request_traces,
+    step_keys,
+    trace_request_ids,
+)
 from ttft.analysis._trees import CODE
+from ttft.tracer.schema import ATTR_STEP_ID
 
-__all__ = ["KEY_RULE", "Partitioning", "partition_rows"]
+__all__ = ["KEY_RULE", "HashCollision", "PartitionPlan", "Partitioning", "partition_rows"]
 
 KEY_RULE = ("request (request_id, else its smallest trace_id), hashed; engine step traces "
             "copied into every partition whose requests' prefill chunks ran in them")
@@ -106,3 +116,172 @@ def _rows_of(trace: np.ndarray, traces: np.ndarray, parts: np.ndarray
     first = np.repeat(lo - np.concatenate([[0], np.cumsum(many)[:-1]]), many)
     rows = order[first + np.arange(int(many.sum()))]
     return rows.astype(np.int64), np.repeat(parts, many)
+
+
+# --- the same rule over batches: a plan surveyed first, then each batch routed ------------
+#
+# Every input of ``partition_rows`` that decides where a trace goes is the trace's own:
+# whether it is a request (a valid request-stage span or boundary event), its smallest
+# request id, its id. So a first pass over batches keeps, per trace, only those (keyed by
+# two 64-bit hashes of its id), plus the ``(service, step_id)`` keys of chunk and gpu rows;
+# a second pass routes each batch by them. Neither pass holds a span.
+
+_SECOND_KEY = "ttft.partition.2"
+"""The second hash's key (16 bytes): a trace is known by two independent 64-bit hashes."""
+_REDUCE_ROWS = 1 << 20
+"""Survey entries kept before they are reduced to one per trace (or step key)."""
+_TRACES = pa.schema([("h1", pa.uint64()), ("h2", pa.uint64()), ("req", pa.bool_()),
+                     ("rid", pa.string())])
+_STEPS = pa.schema([("gpu", pa.bool_()), ("service", pa.string()), ("step", pa.int64()),
+                    ("h1", pa.uint64()), ("h2", pa.uint64())])
+
+
+class HashCollision(ValueError):
+    """Two trace ids of the input share a 64-bit hash (about once in 10^6 inputs of 10^7
+    traces): the plan cannot tell them apart, and the caller partitions in memory."""
+
+
+def _hashes(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Two independent 64-bit hashes of each value; the first is `_hash_mod`'s."""
+    obj = np.asarray(values, dtype=object)
+    return (pd.util.hash_array(obj, categorize=False),
+            pd.util.hash_array(obj, hash_key=_SECOND_KEY, categorize=False))
+
+
+def _reduced(tables: list[pa.Table], schema: pa.Schema, keys: list[str],
+             aggregates: list[tuple[str, str]]) -> list[pa.Table]:
+    if len(tables) < 2 and not aggregates:
+        return tables
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    found = table.group_by(keys, use_threads=False).aggregate(aggregates)
+    return [found.rename_columns({f"{name}_{how}": name for name, how in aggregates})
+            .select(schema.names)]
+
+
+class PartitionPlan:
+    """`partition_rows`' rule over a trace read in batches, in two passes: `survey` every
+    batch, `finish`, then `route` every batch (the same batches, in any order). What it
+    holds is per trace (two hashes, a flag, its smallest request id) and per step key,
+    never per span, so a trace of any size is partitioned in memory bounded by its traces.
+
+    Raises:
+        ValueError: ``partitions`` below 1.
+    """
+
+    def __init__(self, partitions: int) -> None:
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        self.partitions = partitions
+        self.rows = 0
+        self._traces: list[pa.Table] = []
+        self._steps: list[pa.Table] = []
+        self._pending = 0
+        self.requests = 0
+        self._h1 = self._part = self._copy_h1 = self._copy_part = None
+
+    def survey(self, table: pa.Table) -> None:
+        """Take what decides the partitioning of one batch's traces."""
+        self.rows += table.num_rows
+        d = decode(table)
+        if not d.trace_values:
+            return
+        is_req = request_traces(d)
+        rid_code, rid_values = trace_request_ids(table, d)
+        h1, h2 = _hashes(d.trace_values)
+        rids = pa.array([*rid_values, None], pa.string()).take(
+            pa.array(np.where(rid_code >= 0, rid_code, len(rid_values))))
+        self._traces.append(pa.Table.from_arrays(
+            [pa.array(h1), pa.array(h2), pa.array(is_req), rids], schema=_TRACES))
+        found = [self._step_rows(table, d, CODE["prefill.chunk"], False, h1, h2),
+                 self._step_rows(table, d, CODE["gpu"], True, h1, h2)]
+        self._steps += [t for t in found if t.num_rows]
+        self._pending += len(h1) + sum(t.num_rows for t in found)
+        if self._pending > _REDUCE_ROWS:
+            self._reduce()
+
+    @staticmethod
+    def _step_rows(table: pa.Table, d: Decoded, stage: int, gpu: bool, h1: np.ndarray,
+                   h2: np.ndarray) -> pa.Table:
+        rows = np.flatnonzero(d.valid & (d.stage == stage))
+        ids = col.int_attribute(table.column("attributes"), rows, ATTR_STEP_ID)
+        rows, ids = rows[ids >= 0], ids[ids >= 0]
+        service, service_values = col.codes(col.take(table.column("service"), rows))
+        trace = d.trace[rows]
+        return pa.Table.from_arrays(
+            [pa.array(np.full(len(rows), gpu)),
+             pa.array(service_values, pa.string()).take(pa.array(service)),
+             pa.array(ids, pa.int64()), pa.array(h1[trace]), pa.array(h2[trace])],
+            schema=_STEPS)
+
+    def _reduce(self) -> None:
+        self._traces = _reduced(self._traces, _TRACES, ["h1", "h2"],
+                                [("req", "any"), ("rid", "min")])
+        self._steps = _reduced(self._steps, _STEPS, _STEPS.names, [])
+        self._pending = sum(t.num_rows for t in (*self._traces, *self._steps))
+
+    def finish(self) -> None:
+        """Decide every trace's partition and the step traces' copies.
+
+        Raises:
+            HashCollision: two trace ids share a hash.
+        """
+        traces = _reduced(self._traces, _TRACES, ["h1", "h2"],
+                          [("req", "any"), ("rid", "min")])[0]
+        self._traces = []
+        traces = traces.sort_by([("h1", "ascending"), ("h2", "ascending")])
+        h1 = traces.column("h1").to_numpy()
+        if len(h1) > 1 and (h1[1:] == h1[:-1]).any():
+            raise HashCollision("two trace ids share a 64-bit hash")
+        req = traces.column("req").to_numpy(zero_copy_only=False)
+        rid = traces.column("rid")
+        named = req & ~np.asarray(rid.is_null().to_numpy(zero_copy_only=False), bool)
+        part = (h1 % np.uint64(self.partitions)).astype(np.int32)
+        names = np.asarray(rid.filter(pa.array(named)).to_pylist(), dtype=object)
+        part[named] = _hash_mod(names, self.partitions)
+        self.requests = len(set(names.tolist())) + int((req & ~named).sum())
+        self._h1, self._part = h1, part
+        self._copies(req)
+
+    def _copies(self, req: np.ndarray) -> None:
+        steps = pa.concat_tables(_reduced(self._steps, _STEPS, _STEPS.names, [])
+                                 or [_STEPS.empty_table()]).to_pandas()
+        self._steps = []
+        where = self._index(steps["h1"].to_numpy(np.uint64))
+        steps["partition"] = self._part[where]
+        chunks = steps[~steps["gpu"].to_numpy(bool)]
+        gpus = steps[steps["gpu"].to_numpy(bool) & ~req[where]]
+        pairs = gpus.merge(chunks[["service", "step", "partition"]], on=["service", "step"],
+                           suffixes=("_own", ""))
+        pairs = pairs[pairs["partition"] != pairs["partition_own"]]
+        pairs = pairs[["h1", "partition"]].drop_duplicates().sort_values(["h1", "partition"])
+        self._copy_h1 = pairs["h1"].to_numpy(np.uint64)
+        self._copy_part = pairs["partition"].to_numpy(np.int64)
+
+    def _index(self, h1: np.ndarray) -> np.ndarray:
+        """Each hash's position in the plan; ValueError for one the survey never saw."""
+        at = np.minimum(np.searchsorted(self._h1, h1), max(len(self._h1) - 1, 0))
+        if len(h1) and (len(self._h1) == 0 or (self._h1[at] != h1).any()):
+            raise ValueError("a trace that the first pass did not see: the input changed "
+                             "while it was being partitioned")
+        return at
+
+    def route(self, table: pa.Table) -> Partitioning:
+        """Where each row of one surveyed batch goes (``requests``: the whole input's)."""
+        if self._h1 is None:
+            raise RuntimeError("route before finish")
+        trace, values = col.trace_codes(table.column("trace_id"))
+        if not values:
+            return Partitioning(np.zeros(table.num_rows, np.int32), np.empty(0, np.int64),
+                                np.empty(0, np.int32), self.requests)
+        h1 = _hashes(values)[0]
+        trace_part = self._part[self._index(h1)]
+        owner = np.where(trace >= 0, trace_part[np.maximum(trace, 0)], 0).astype(np.int32)
+        lo = np.searchsorted(self._copy_h1, h1, "left")
+        hi = np.searchsorted(self._copy_h1, h1, "right")
+        many = hi - lo
+        codes = np.repeat(np.arange(len(values)), many)
+        parts = self._copy_part[np.repeat(lo, many) + (np.arange(int(many.sum()))
+                                                       - np.repeat(np.cumsum(many) - many,
+                                                                   many))]
+        copy_rows, copy_partitions = _rows_of(trace, codes, parts)
+        return Partitioning(owner, copy_rows, copy_partitions.astype(np.int32), self.requests)
