@@ -44,7 +44,7 @@ import os
 import re
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ __all__ = [
     "dataset_info",
     "is_dataset",
     "is_url",
+    "iter_partitions",
     "looks_like_dataset",
     "read_dataset",
     "read_partition",
@@ -622,7 +623,17 @@ def read_dataset(path: str | os.PathLike[str]) -> pa.Table:
     Raises:
         TraceFileError: as :func:`checked_dataset` and :func:`read_partition`.
     """
-    info = checked_dataset(path)
-    tables = [_read_file(path, f"{_partition_name(k)}/{SPANS_FILE}")
-              for k in range(info["partitions"])]
+    tables = list(iter_partitions(path))
     return pa.concat_tables(tables).replace_schema_metadata(tables[0].schema.metadata)
+
+
+def iter_partitions(path: str | os.PathLike[str]) -> Iterator[pa.Table]:
+    """Each partition's own rows in partition order, one partition read at a time
+    (`read_dataset` is all of them as one table), each with its file's run metadata.
+
+    Raises:
+        TraceFileError: as :func:`checked_dataset` and :func:`read_partition`.
+    """
+    info = checked_dataset(path)
+    for k in range(info["partitions"]):
+        yield _read_file(path, f"{_partition_name(k)}/{SPANS_FILE}")

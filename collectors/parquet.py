@@ -247,11 +247,13 @@ def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
     return table.replace_schema_metadata(metadata)
 
 
-def iter_batches(path: str | os.PathLike[str], *, batch_rows: int = 65_536
-                 ) -> Iterator[pa.RecordBatch]:
+def iter_batches(path: str | os.PathLike[str], *, batch_rows: int = 65_536,
+                 inputs: list[dict[str, Any]] | None = None) -> Iterator[pa.RecordBatch]:
     """Yield a trace's rows lazily as batches with exactly SPAN_SCHEMA, each carrying its
-    file's run metadata. Raises as :func:`read_parquet` does, on reaching the bad file or row."""
-    for table, raw in _read_tables(path, batch_rows):
+    file's run metadata; with ``inputs``, one entry per run read is appended to it as
+    :func:`read_parquet` lists them. Raises as :func:`read_parquet` does, on reaching the
+    bad file or row."""
+    for table, raw in _read_tables(path, batch_rows, inputs):
         yield from table.replace_schema_metadata({METADATA_KEY: raw}).to_batches()
 
 

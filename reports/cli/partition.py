@@ -58,6 +58,10 @@ def partition(
     from ttft.reports.runs.partitioned import write_partitioned
 
     _refuse_nonempty(out)
+    written = _streamed(traces, out, partitions, format, mapping)
+    if written is not None:
+        err.print(plain(describe_written(written)), soft_wrap=True)
+        return
     tables, runs = [], []
     for trace in traces:
         table, metadata = load_trace(trace, format=format, mapping=mapping)
@@ -72,6 +76,46 @@ def partition(
     except OSError as exc:
         raise fail(f"{exc.filename or out}: cannot write ({exc.strerror or exc})") from None
     err.print(plain(describe_written(written)), soft_wrap=True)
+
+
+def _streamed(traces: list[Path], out: str, partitions: int, format: str | None,
+              mapping: Path | None) -> Written | None:
+    """The dataset written a batch at a time, in memory bounded by the traces' count
+    (``reports.runs.partitioned.stream_partitioned``), when every input is a local ttft
+    trace and the stage mapping leaves its spans as they are; None (nothing written) when
+    the inputs must be read whole."""
+    from ttft.analysis.transfer import deployment_note
+    from ttft.collectors import TraceFileError
+    from ttft.reports.cli._app import describe_inputs, note_staged
+    from ttft.reports.runs.partitioned import NotStreamed, source_of, stream_partitioned
+
+    try:
+        sources = [source_of(trace, format) for trace in traces]
+        if any(source is None for source in sources):
+            return None
+        rules = None
+        if mapping is not None:
+            from ttft.collectors.importers.mapping import load_mapping
+
+            rules = load_mapping(mapping)
+        for trace, source in zip(traces, sources, strict=True):
+            note_staged(trace)
+            if (note := deployment_note(source.metadata)) is not None:
+                err.print(plain(note), soft_wrap=True)
+        metadata = merged_metadata([(str(t), s.metadata) for t, s in zip(traces, sources,
+                                                                           strict=True)])
+        written = stream_partitioned(out, sources, partitions, metadata, progress, rules)
+    except NotStreamed as exc:
+        err.print(plain(f"{exc}: reading the traces whole"), soft_wrap=True)
+        return None
+    except (TraceFileError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"{exc.filename or out}: cannot write ({exc.strerror or exc})") from None
+    for trace, source in zip(traces, sources, strict=True):
+        if source.inputs is not None:
+            err.print(plain(describe_inputs(trace, source.inputs)), soft_wrap=True)
+    return written
 
 
 def merged_metadata(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ into a new dataset that is swapped in.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +20,8 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from ttft.collectors import TraceLocation
 
-__all__ = ["Written", "finish_staging", "write_partitioned"]
+__all__ = ["Source", "Written", "finish_staging", "source_of", "stream_partitioned",
+           "write_partitioned"]
 
 Progress = Callable[[str], AbstractContextManager[Any]]
 """``progress(message)``: a context manager shown while a step runs."""
@@ -70,6 +71,141 @@ def write_partitioned(
     largest = _counts(rows.owner, partitions) + _counts(rows.copy_partitions, partitions)
     return Written(os.fspath(out), partitions, rows.requests, table.num_rows,
                    len(rows.copy_rows), int(largest.max()))
+
+
+# --- bounded memory: the same partitioning, streamed ------------------------------------
+
+
+@dataclass
+class Source:
+    """A trace read a batch at a time, as often as needed: `batches` reads it again from
+    the start. ``metadata`` is its run metadata (read without its rows); ``inputs`` what
+    the first read found (``ttft.collectors.read_inputs``' list), for a directory or an
+    unfinished run, else None."""
+
+    name: str
+    metadata: dict[str, Any]
+    read: Callable[[list[dict[str, Any]] | None], Iterator[pa.Table]]
+    inputs: list[dict[str, Any]] | None = None
+    reads: int = 0
+
+    def batches(self) -> Iterator[pa.Table]:
+        found: list[dict[str, Any]] | None = [] if self.reads == 0 else None
+        self.reads += 1
+        yield from self.read(found)
+        if found and (Path(self.name).is_dir() or found[0].get("state") != "finished"):
+            self.inputs = found
+
+
+def source_of(path: str | os.PathLike[str], format: str | None = None) -> Source | None:
+    """The trace at ``path`` as a `Source` when it can be read a batch at a time: a local
+    ttft Parquet file, directory of runs or dataset (a dataset's own rows, partition by
+    partition); None for anything else (another format, a stream, a URL), which is read
+    whole.
+
+    Raises:
+        TraceFileError: the path cannot be read (as ``read_spans``).
+    """
+    from ttft.collectors import TraceFileError, guess_format
+    from ttft.collectors.dataset import (
+        checked_dataset,
+        is_url,
+        iter_partitions,
+        looks_like_dataset,
+    )
+    from ttft.collectors.parquet import iter_batches, read_parquet_metadata
+    from ttft.collectors.reader import STDIN
+
+    if format not in (None, "ttft") or is_url(path) or os.fspath(path) == STDIN:
+        return None
+    try:  # a FIFO or another format is not ttft's (guessing never opens a FIFO)
+        if guess_format(path) != "ttft":
+            return None
+    except TraceFileError:
+        return None
+    name = os.fspath(path)
+    if looks_like_dataset(path):
+        info = checked_dataset(path)
+        return Source(name, dict(info.get("metadata") or {}),
+                      lambda _found: iter_partitions(path))
+
+    def read(found: list[dict[str, Any]] | None) -> Iterator[pa.Table]:
+        for batch in iter_batches(path, inputs=found):
+            yield pa.Table.from_batches([batch])
+
+    return Source(name, read_parquet_metadata(path), read)
+
+
+class NotStreamed(Exception):
+    """The inputs must be read whole: the stage mapping changes their spans (other systems'
+    spans, whose requests the mapping forms across traces), or two trace ids hash alike."""
+
+
+def stream_partitioned(
+    out: str | os.PathLike[str],
+    sources: Sequence[Source],
+    partitions: int,
+    metadata: Mapping[str, Any],
+    progress: Progress = lambda _: nullcontext(),
+    mapping: Any = None,
+) -> Written:
+    """``write_partitioned`` of ``sources`` read twice a batch at a time
+    (``analysis.partition.PartitionPlan``): first what decides each trace's partition,
+    then each batch routed to its partitions' files (``collectors.dataset.DatasetWriter``).
+    The dataset is the one ``write_partitioned`` writes of the same rows (rows within a
+    file may lie in another order); memory is bounded by the traces, not the spans.
+
+    Args:
+        mapping: the stage rules the inputs are read with (None: the built-in ones); a
+            batch they change is not streamed.
+
+    Raises:
+        NotStreamed: before anything is written, when the inputs must be read whole.
+        ValueError, TraceFileError, OSError: as ``write_partitioned``; ValueError also when
+            an input changed between the two passes.
+    """
+    from ttft.analysis.partition import KEY_RULE, HashCollision, PartitionPlan
+    from ttft.collectors.dataset import DatasetWriter
+    from ttft.collectors.importers.mapping import default_mapping
+
+    rules = mapping if mapping is not None else default_mapping()
+    plan = PartitionPlan(partitions)
+    with progress(f"reading {_names(sources)} (1 of 2: requests and step keys)"):
+        for source in sources:
+            for batch in source.batches():
+                if rules.apply(batch) is not batch:
+                    raise NotStreamed(f"{source.name}: the stage mapping changes its spans")
+                plan.survey(batch)
+        try:
+            plan.finish()
+        except HashCollision as exc:
+            raise NotStreamed(str(exc)) from None
+    writer = DatasetWriter(out, partitions, KEY_RULE, dict(metadata))
+    largest = np.zeros(partitions, np.int64)
+    rows = 0
+    try:
+        with progress(f"writing {out} (2 of 2: {plan.rows:,} spans)"):
+            for source in sources:
+                for batch in source.batches():
+                    routed = plan.route(batch)
+                    writer.add(batch, routed.owner, routed.copy_rows, routed.copy_partitions)
+                    largest += (_counts(routed.owner, partitions)
+                                + _counts(routed.copy_partitions, partitions))
+                    rows += batch.num_rows
+        if rows != plan.rows:
+            raise ValueError(f"{_names(sources)}: {rows:,} spans on the second read, "
+                             f"{plan.rows:,} on the first: the input changed while it was "
+                             "partitioned")
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return Written(os.fspath(out), partitions, plan.requests, writer.spans, writer.copies,
+                   int(largest.max()))
+
+
+def _names(sources: Sequence[Source]) -> str:
+    return ", ".join(s.name for s in sources) if len(sources) <= 3 else f"{len(sources)} traces"
 
 
 def _staged(dataset: TraceLocation) -> tuple[list[pa.Table], dict[str, Any], list[str]]:

@@ -221,3 +221,63 @@ def test_collect_into_a_dataset_sums_the_dataset_s_and_each_staged_run_s_counts(
     assert meta["workload"] == {"run": 2}
     assert meta["rejected"] == {"count": 5, "examples": ["a", "b", "c"]}
     assert _analyze_json(ds)["quality"]["rejected_span"] == 5
+
+
+# --- streamed: read twice a batch at a time, the same dataset ------------------------------
+
+def _partition_rows(path, k: int) -> list[dict]:
+    table, own = read_partition(path, k)
+    key = lambda row: (row["trace_id"], row["span_id"] or "", row["name"], row["start_ns"])  # noqa: E731
+    return [sorted(table.slice(0, own).to_pylist(), key=key),
+            sorted(table.slice(own).to_pylist(), key=key)]
+
+
+def test_a_streamed_dataset_holds_what_the_whole_table_s_holds(synth, tmp_path):
+    """``ttft partition`` of a ttft trace streams it (``stream_partitioned``); the dataset
+    holds, partition by partition, the rows the in-memory path writes of the whole table."""
+    from ttft.reports.runs.partitioned import write_partitioned
+
+    streamed, whole = tmp_path / "streamed", tmp_path / "whole"
+    result = runner.invoke(app, ["partition", str(synth), str(synth), "-o", str(streamed),
+                                 "--partitions", "3"])
+    assert result.exit_code == 0, result.output
+    assert "whole" not in result.stderr
+    import pyarrow as pa
+
+    from ttft.reports.cli.partition import merged_metadata
+
+    table = read_spans(synth)
+    meta = run_metadata(table)
+    write_partitioned(whole, pa.concat_tables([table, table]), 3,
+                      merged_metadata([(str(synth), meta), (str(synth), meta)]))
+    a, b = dataset_info(streamed), dataset_info(whole)
+    assert {k: a[k] for k in ("spans", "copies", "metadata", "partitions", "key")} == \
+        {k: b[k] for k in ("spans", "copies", "metadata", "partitions", "key")}
+    for k in range(3):
+        assert _partition_rows(streamed, k) == _partition_rows(whole, k)
+    again = tmp_path / "again"  # a dataset streams too, partition by partition
+    result = runner.invoke(app, ["partition", str(streamed), "-o", str(again),
+                                 "--partitions", "2"])
+    assert result.exit_code == 0, result.output
+    assert _analyze_json(again) == _analyze_json(streamed)
+
+
+def test_spans_the_stage_mapping_changes_are_read_whole(synth, tmp_path):
+    """A trace holding another system's spans (the built-in mapping maps ``vllm_queue``)
+    is not streamed, says so, and is partitioned whole, mapped."""
+    import pyarrow as pa
+
+    from ttft.collectors import write_trace
+
+    table = read_spans(synth)
+    row = table.slice(0, 1).to_pylist()[0]
+    row.update(name="vllm_queue", stage="other", span_id="00000000000000ff")
+    mixed = pa.concat_tables([table, pa.Table.from_pylist([row], schema=table.schema)])
+    path = tmp_path / "mixed.parquet"
+    write_trace(path, mixed, run_metadata(table))
+    out = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", str(path), "-o", str(out), "--partitions", "2"])
+    assert result.exit_code == 0, result.output
+    assert "the stage mapping changes its spans: reading the traces whole" in result.stderr
+    stages = read_spans(out).column("stage").to_pylist()
+    assert stages.count("queue") == table.column("stage").to_pylist().count("queue") + 1
