@@ -145,7 +145,7 @@ def stream_partitioned(
     out: str | os.PathLike[str],
     sources: Sequence[Source],
     partitions: int,
-    metadata: Mapping[str, Any],
+    metadata: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
     progress: Progress = lambda _: nullcontext(),
     mapping: Any = None,
 ) -> Written:
@@ -156,6 +156,8 @@ def stream_partitioned(
     file may lie in another order); memory is bounded by the traces, not the spans.
 
     Args:
+        metadata: the dataset's run metadata, or a function giving it once the first read
+            is done (what the sources' ``inputs`` say is known then).
         mapping: the stage rules the inputs are read with (None: the built-in ones); a
             batch they change is not streamed.
 
@@ -180,7 +182,8 @@ def stream_partitioned(
             plan.finish()
         except HashCollision as exc:
             raise NotStreamed(str(exc)) from None
-    writer = DatasetWriter(out, partitions, KEY_RULE, dict(metadata))
+    writer = DatasetWriter(out, partitions, KEY_RULE,
+                           dict(metadata() if callable(metadata) else metadata))
     largest = np.zeros(partitions, np.int64)
     rows = 0
     try:
@@ -208,33 +211,66 @@ def _names(sources: Sequence[Source]) -> str:
     return ", ".join(s.name for s in sources) if len(sources) <= 3 else f"{len(sources)} traces"
 
 
-def _staged(dataset: TraceLocation) -> tuple[list[pa.Table], dict[str, Any], list[str]]:
-    """The tables to partition at ``dataset`` (its own rows, then its staged runs), the
-    newest run metadata and the inputs (the dataset's, then each staged run's path)."""
-    from ttft.collectors import TraceLocation, is_dataset, read_inputs, run_metadata
+def _staged_metadata(dataset: TraceLocation, own: dict[str, Any] | None,
+                     staged: dict[str, Any] | None,
+                     staged_inputs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The run metadata of a dataset partitioned again with its staged runs: the newest
+    (``own``: the dataset's, ``staged``: the staged runs', each None when absent), with
+    ``inputs`` the dataset's then each staged run's path."""
     from ttft.tracer.schema import newest_run_metadata
 
-    tables, metadata, inputs = [], {}, []
-    if is_dataset(dataset.path):
-        table = dataset.read()
-        metadata = run_metadata(table)
-        tables.append(table)
-        inputs = list(metadata.get("inputs", []))
-    if dataset.staged_runs():
-        table = TraceLocation(str(dataset.staging)).read()
-        staged = run_metadata(table)
+    metadata = dict(own or {})
+    inputs = list(metadata.get("inputs", []))
+    if staged is not None:
         metadata = {**metadata, **newest_run_metadata([metadata, staged])}
-        tables.append(table)
-        runs = read_inputs(table) or [{"path": str(dataset.staging)}]
+        runs = staged_inputs or [{"path": str(dataset.staging)}]
         inputs += [str(Path(run["path"]).relative_to(dataset.path)) for run in runs]
-    return tables, metadata, inputs
+    return {**metadata, "inputs": inputs}
+
+
+def _staged(dataset: TraceLocation) -> tuple[list[pa.Table], dict[str, Any]]:
+    """The tables to partition at ``dataset`` (its own rows, then its staged runs) and
+    their run metadata (`_staged_metadata`)."""
+    from ttft.collectors import TraceLocation, is_dataset, read_inputs, run_metadata
+
+    tables, own, staged, runs = [], None, None, None
+    if is_dataset(dataset.path):
+        tables.append(dataset.read())
+        own = run_metadata(tables[-1])
+    if dataset.staged_runs():
+        tables.append(TraceLocation(str(dataset.staging)).read())
+        staged, runs = run_metadata(tables[-1]), read_inputs(tables[-1])
+    return tables, _staged_metadata(dataset, own, staged, runs)
+
+
+def _staged_streamed(dataset: TraceLocation, out: Path, partitions: int,
+                     progress: Progress) -> Written | None:
+    """`stream_partitioned` of the dataset's own rows and its staged runs; None (nothing
+    written) when they must be read whole."""
+    from ttft.collectors import is_dataset
+
+    own = source_of(dataset.path) if is_dataset(dataset.path) else None
+    staged = source_of(dataset.staging) if dataset.staged_runs() else None
+    if (own is None and is_dataset(dataset.path)) or (staged is None
+                                                        and dataset.staged_runs()):
+        return None
+    sources = [s for s in (own, staged) if s is not None]
+    try:
+        return stream_partitioned(
+            out, sources, partitions,
+            lambda: _staged_metadata(dataset, own and own.metadata,
+                                     staged and staged.metadata, staged and staged.inputs),
+            progress)
+    except NotStreamed:
+        return None
 
 
 def finish_staging(dataset: Path, partitions: int,
                    progress: Progress = lambda _: nullcontext()) -> Written | None:
     """Partition ``dataset``'s own rows and its staged runs (``ttft collect --partitions``)
     into a new dataset beside it and swap it in; the staging goes with the replaced one.
-    Call while holding ``collectors.staging.holding(dataset)``, after ``recover``.
+    Call while holding ``collectors.staging.holding(dataset)``, after ``recover``. They
+    are streamed (`stream_partitioned`) unless they must be read whole.
 
     Returns:
         What was written; None when nothing is staged (the dataset stays as it is).
@@ -252,9 +288,10 @@ def finish_staging(dataset: Path, partitions: int,
     if not location.staging.is_dir():
         return None
     location.appendable(partitions)
-    tables, metadata, inputs = _staged(location)
-    table = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
-    written = write_partitioned(next_path(dataset), table, partitions,
-                                {**metadata, "inputs": inputs}, progress)
+    written = _staged_streamed(location, next_path(dataset), partitions, progress)
+    if written is None:
+        tables, metadata = _staged(location)
+        table = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
+        written = write_partitioned(next_path(dataset), table, partitions, metadata, progress)
     swap_in(dataset)
     return replace(written, out=os.fspath(dataset))

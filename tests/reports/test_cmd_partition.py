@@ -187,13 +187,17 @@ def test_agreement_is_json_s():
     assert "differs" not in alone and "x" in alone
 
 
-def test_collect_into_a_dataset_sums_the_dataset_s_and_each_staged_run_s_counts(tmp_path):
+@pytest.mark.parametrize("streamed", [True, False])
+def test_collect_into_a_dataset_sums_the_dataset_s_and_each_staged_run_s_counts(
+        tmp_path, monkeypatch, streamed):
     """What ``ttft collect --partitions`` does at its stop (``finish_staging``): the
     dataset's counted defects and those of every run staged into it are summed, the
-    newest run's other metadata kept."""
+    newest run's other metadata kept; streamed (the in-memory write is never called), and
+    read whole as when the mapping changes the spans, alike."""
     from ttft.collectors import write_trace
     from ttft.collectors.staging import holding, recover, staging_path
     from ttft.collectors.synthetic import generate
+    from ttft.reports.runs import partitioned
     from ttft.reports.runs.partitioned import finish_staging
 
     first = tmp_path / "in.parquet"
@@ -213,11 +217,19 @@ def test_collect_into_a_dataset_sums_the_dataset_s_and_each_staged_run_s_counts(
         rows += table.num_rows
         write_trace(staging / f"collect-{i}.parquet", table, meta)
     rows += read_spans(first).num_rows
+    if streamed:
+        def whole(*_args, **_kwargs):
+            raise AssertionError("read whole")
+        monkeypatch.setattr(partitioned, "write_partitioned", whole)
+    else:
+        monkeypatch.setattr(partitioned, "_staged_streamed", lambda *_args: None)
     with holding(ds):
         recover(ds)
         written = finish_staging(ds, 2)
     assert written is not None and written.spans == rows
     meta = run_metadata(read_spans(ds))
+    assert meta["inputs"] == [str(first), "_incoming/collect-1.parquet",
+                              "_incoming/collect-2.parquet"]
     assert meta["workload"] == {"run": 2}
     assert meta["rejected"] == {"count": 5, "examples": ["a", "b", "c"]}
     assert _analyze_json(ds)["quality"]["rejected_span"] == 5
