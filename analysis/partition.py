@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ttft.analysis import _column_arrays as col
 from ttft.analysis._grouping import (
@@ -129,11 +130,11 @@ def _rows_of(trace: np.ndarray, traces: np.ndarray, parts: np.ndarray
 _SECOND_KEY = "ttft.partition.2"
 """The second hash's key (16 bytes): a trace is known by two independent 64-bit hashes."""
 _REDUCE_ROWS = 1 << 20
-"""Survey entries kept before they are reduced to one per trace (or step key)."""
+"""Survey entries kept before they are first reduced to one per trace (or step key);
+later, whenever the new entries outnumber the reduced ones (so reducing costs time linear
+in the input)."""
 _TRACES = pa.schema([("h1", pa.uint64()), ("h2", pa.uint64()), ("req", pa.bool_()),
                      ("rid", pa.string())])
-_STEPS = pa.schema([("gpu", pa.bool_()), ("service", pa.string()), ("step", pa.int64()),
-                    ("h1", pa.uint64()), ("h2", pa.uint64())])
 
 
 class HashCollision(ValueError):
@@ -148,14 +149,46 @@ def _hashes(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
             pd.util.hash_array(obj, hash_key=_SECOND_KEY, categorize=False))
 
 
-def _reduced(tables: list[pa.Table], schema: pa.Schema, keys: list[str],
-             aggregates: list[tuple[str, str]]) -> list[pa.Table]:
-    if len(tables) < 2 and not aggregates:
-        return tables
-    table = pa.concat_tables(tables) if tables else schema.empty_table()
-    found = table.group_by(keys, use_threads=False).aggregate(aggregates)
-    return [found.rename_columns({f"{name}_{how}": name for name, how in aggregates})
-            .select(schema.names)]
+def _traces_reduced(tables: list[pa.Table]) -> pa.Table:
+    """One row per trace (``h1``, ``h2``) of ``tables``: a request if any row says so, its
+    smallest request id."""
+    table = pa.concat_tables(tables) if tables else _TRACES.empty_table()
+    found = table.group_by(["h1", "h2"], use_threads=False).aggregate(
+        [("req", "any"), ("rid", "min")])
+    return found.rename_columns({"req_any": "req", "rid_min": "rid"}).select(_TRACES.names)
+
+
+class _StepKeys:
+    """The distinct ``(service, step id, trace)`` of one kind of row (chunks, or gpu work)
+    seen so far: int32 service codes, int64 step ids, the trace's first hash; 20 B a key."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._kept = self._pending = 0
+
+    def add(self, service: np.ndarray, step: np.ndarray, h1: np.ndarray) -> None:
+        if len(step):
+            self._parts.append((service, step, h1))
+            self._pending += len(step)
+            if self._pending > max(_REDUCE_ROWS, self._kept):
+                self._reduce()
+
+    def _reduce(self) -> None:
+        service, step, h1 = (np.concatenate(c) for c in zip(*self._parts, strict=True))
+        order = np.lexsort((h1, step, service))
+        service, step, h1 = service[order], step[order], h1[order]
+        new = np.ones(len(step), bool)
+        new[1:] = (service[1:] != service[:-1]) | (step[1:] != step[:-1]) | (h1[1:] != h1[:-1])
+        self._parts = [(service[new], step[new], h1[new])]
+        self._kept, self._pending = int(new.sum()), 0
+
+    def frame(self) -> pd.DataFrame:
+        if self._parts:
+            self._reduce()
+        service, step, h1 = self._parts[0] if self._parts else (
+            np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.uint64))
+        self._parts = []
+        return pd.DataFrame({"service": service, "step": step, "h1": h1})
 
 
 class PartitionPlan:
@@ -174,8 +207,9 @@ class PartitionPlan:
         self.partitions = partitions
         self.rows = 0
         self._traces: list[pa.Table] = []
-        self._steps: list[pa.Table] = []
-        self._pending = 0
+        self._kept = self._pending = 0
+        self._chunks, self._gpus = _StepKeys(), _StepKeys()
+        self._services: dict[str, int] = {}
         self.requests = 0
         self._h1 = self._part = self._copy_h1 = self._copy_part = None
 
@@ -192,32 +226,24 @@ class PartitionPlan:
             pa.array(np.where(rid_code >= 0, rid_code, len(rid_values))))
         self._traces.append(pa.Table.from_arrays(
             [pa.array(h1), pa.array(h2), pa.array(is_req), rids], schema=_TRACES))
-        found = [self._step_rows(table, d, CODE["prefill.chunk"], False, h1, h2),
-                 self._step_rows(table, d, CODE["gpu"], True, h1, h2)]
-        self._steps += [t for t in found if t.num_rows]
-        self._pending += len(h1) + sum(t.num_rows for t in found)
-        if self._pending > _REDUCE_ROWS:
-            self._reduce()
+        self._pending += len(h1)
+        if self._pending > max(_REDUCE_ROWS, self._kept):
+            self._traces = [_traces_reduced(self._traces)]
+            self._kept, self._pending = self._traces[0].num_rows, 0
+        for keys, stage in ((self._chunks, "prefill.chunk"), (self._gpus, "gpu")):
+            keys.add(*self._step_keys(table, d, CODE[stage], h1))
 
-    @staticmethod
-    def _step_rows(table: pa.Table, d: Decoded, stage: int, gpu: bool, h1: np.ndarray,
-                   h2: np.ndarray) -> pa.Table:
+    def _step_keys(self, table: pa.Table, d: Decoded, stage: int, h1: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The service codes (the plan's own), step ids and trace hashes of a batch's valid
+        rows of ``stage`` that carry a step id."""
         rows = np.flatnonzero(d.valid & (d.stage == stage))
         ids = col.int_attribute(table.column("attributes"), rows, ATTR_STEP_ID)
         rows, ids = rows[ids >= 0], ids[ids >= 0]
         service, service_values = col.codes(col.take(table.column("service"), rows))
-        trace = d.trace[rows]
-        return pa.Table.from_arrays(
-            [pa.array(np.full(len(rows), gpu)),
-             pa.array(service_values, pa.string()).take(pa.array(service)),
-             pa.array(ids, pa.int64()), pa.array(h1[trace]), pa.array(h2[trace])],
-            schema=_STEPS)
-
-    def _reduce(self) -> None:
-        self._traces = _reduced(self._traces, _TRACES, ["h1", "h2"],
-                                [("req", "any"), ("rid", "min")])
-        self._steps = _reduced(self._steps, _STEPS, _STEPS.names, [])
-        self._pending = sum(t.num_rows for t in (*self._traces, *self._steps))
+        mine = np.array([self._services.setdefault(v, len(self._services))
+                         for v in service_values] + [-1], np.int32)
+        return mine[service], ids.astype(np.int64), h1[d.trace[rows]]
 
     def finish(self) -> None:
         """Decide every trace's partition and the step traces' copies.
@@ -225,8 +251,7 @@ class PartitionPlan:
         Raises:
             HashCollision: two trace ids share a hash.
         """
-        traces = _reduced(self._traces, _TRACES, ["h1", "h2"],
-                          [("req", "any"), ("rid", "min")])[0]
+        traces = _traces_reduced(self._traces)
         self._traces = []
         traces = traces.sort_by([("h1", "ascending"), ("h2", "ascending")])
         h1 = traces.column("h1").to_numpy()
@@ -236,23 +261,23 @@ class PartitionPlan:
         rid = traces.column("rid")
         named = req & ~np.asarray(rid.is_null().to_numpy(zero_copy_only=False), bool)
         part = (h1 % np.uint64(self.partitions)).astype(np.int32)
-        names = np.asarray(rid.filter(pa.array(named)).to_pylist(), dtype=object)
-        part[named] = _hash_mod(names, self.partitions)
-        self.requests = len(set(names.tolist())) + int((req & ~named).sum())
+        names = rid.filter(pa.array(named))
+        # Hashed a slice at a time: a million request ids as Python strings at once would
+        # be the largest thing the plan holds.
+        part[named] = np.concatenate([np.empty(0, np.int32), *(
+            _hash_mod(names.slice(at, _REDUCE_ROWS).to_numpy(zero_copy_only=False),
+                      self.partitions) for at in range(0, len(names), _REDUCE_ROWS))])
+        self.requests = pc.count_distinct(names).as_py() + int((req & ~named).sum())
         self._h1, self._part = h1, part
         self._copies(req)
 
     def _copies(self, req: np.ndarray) -> None:
-        steps = pa.concat_tables(_reduced(self._steps, _STEPS, _STEPS.names, [])
-                                 or [_STEPS.empty_table()]).to_pandas()
-        self._steps = []
-        where = self._index(steps["h1"].to_numpy(np.uint64))
-        steps["partition"] = self._part[where]
-        chunks = steps[~steps["gpu"].to_numpy(bool)]
-        gpus = steps[steps["gpu"].to_numpy(bool) & ~req[where]]
-        pairs = gpus.merge(chunks[["service", "step", "partition"]], on=["service", "step"],
-                           suffixes=("_own", ""))
-        pairs = pairs[pairs["partition"] != pairs["partition_own"]]
+        chunks, gpus = self._chunks.frame(), self._gpus.frame()
+        chunks["partition"] = self._part[self._index(chunks["h1"].to_numpy(np.uint64))]
+        where = self._index(gpus["h1"].to_numpy(np.uint64))
+        gpus = gpus[~req[where]].assign(own=self._part[where[~req[where]]])
+        pairs = gpus.merge(chunks[["service", "step", "partition"]], on=["service", "step"])
+        pairs = pairs[pairs["partition"] != pairs["own"]]
         pairs = pairs[["h1", "partition"]].drop_duplicates().sort_values(["h1", "partition"])
         self._copy_h1 = pairs["h1"].to_numpy(np.uint64)
         self._copy_part = pairs["partition"].to_numpy(np.int64)

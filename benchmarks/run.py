@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "scale": ([], ["--quick"]),
     "wide_request": ([], ["--spans", "5000", "50000"]),
     "step_join": ([], ["--requests", "1000", "10000"]),
+    "partition": ([], ["--requests", "25000", "100000"]),
     "sampling_cost": (["--requests", "600", "--rounds", "4"],
                       ["--requests", "60", "--rounds", "1"]),
 }

@@ -153,7 +153,7 @@ def _json_bytes(value: Mapping[str, Any]) -> bytes:
 
 _FLUSH_ROWS = 1 << 20
 """Rows a partition's file gets at once (a Parquet row group's worth)."""
-_BUFFER_BYTES = 256 << 20
+_BUFFER_BYTES = 64 << 20
 """Rows buffered for all partitions together before the largest buffer is written."""
 
 

@@ -184,7 +184,7 @@ def _file_tables(file: Path, batch_rows: int, budget: _Budget
     source, raw = _open_checked(file)
     budget.disk_bytes += file.stat().st_size
     with source:
-        batches = source.iter_batches(batch_size=batch_rows, columns=list(COLUMNS))
+        batches = _batches(source, batch_rows)
         offset = 0
         while True:
             try:
@@ -204,6 +204,15 @@ def _file_tables(file: Path, batch_rows: int, budget: _Budget
             budget.decoded(file, table.nbytes)
             yield table, raw
             offset += batch.num_rows
+
+
+def _batches(source: pq.ParquetFile, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """A file's batches, one row group's reader at a time: one reader over the whole file
+    held 573 MB of Arrow memory by the end of a 23.8M-row file of 1M-row groups, against
+    70-84 MB read group by group (the most one group needs)."""
+    for group in range(source.metadata.num_row_groups):
+        yield from source.iter_batches(batch_size=batch_rows, row_groups=[group],
+                                       columns=list(COLUMNS))
 
 
 def _newest_with_counts(runs: list[bytes]) -> bytes:
