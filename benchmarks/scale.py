@@ -103,7 +103,8 @@ def build_dataset(out: Path, spans: int, partitions: int, chunk_spans: int, seed
     ``out`` (a new directory), chunk by chunk; returns its ``_ttft_dataset.json`` values
     plus ``chunks`` and ``build_s``."""
     from ttft.analysis.partition import KEY_RULE, partition_rows
-    from ttft.collectors.dataset import DATASET_FILE, dataset_info, write_dataset
+    from ttft.collectors.dataset import DATASET_FILE, dataset_info
+    from ttft.collectors.dataset_write import write_dataset
 
     started = time.perf_counter()
     chunks = _chunk_count(partitions, spans, chunk_spans)

@@ -72,7 +72,7 @@ _EXPORTS = {
     "span_rows": "ttft.collectors.rows",
     "to_span_table": "ttft.collectors._spans",
     "trace_server": "ttft.collectors.trace_run",
-    "write_dataset": "ttft.collectors.dataset",
+    "write_dataset": "ttft.collectors.dataset_write",
     "write_trace": "ttft.collectors.writer",
 }
 

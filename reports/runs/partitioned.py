@@ -1,6 +1,6 @@
 """Span tables into a partitioned dataset: the one path ``ttft partition`` and ``ttft collect
 --partitions`` both take (``analysis.partition.partition_rows``, then
-``collectors.dataset.write_dataset``), and the finish of a collect's staging
+``collectors.dataset_write.write_dataset``), and the finish of a collect's staging
 (``collectors/staging.py``): its staged runs and the dataset's own rows partitioned again
 into a new dataset that is swapped in.
 """
@@ -151,7 +151,7 @@ def stream_partitioned(
 ) -> Written:
     """``write_partitioned`` of ``sources`` read twice a batch at a time
     (``analysis.partition.PartitionPlan``): first what decides each trace's partition,
-    then each batch routed to its partitions' files (``collectors.dataset.DatasetWriter``).
+    then each batch routed to its partitions' files (``collectors.dataset_write.DatasetWriter``).
     The dataset is the one ``write_partitioned`` writes of the same rows (rows within a
     file may lie in another order); memory is bounded by the traces, not the spans.
 
@@ -167,7 +167,7 @@ def stream_partitioned(
             an input changed between the two passes.
     """
     from ttft.analysis.partition import KEY_RULE, HashCollision, PartitionPlan
-    from ttft.collectors.dataset import DatasetWriter
+    from ttft.collectors.dataset_write import DatasetWriter
     from ttft.collectors.importers.mapping import default_mapping
 
     rules = mapping if mapping is not None else default_mapping()

@@ -37,7 +37,8 @@ from ttft.analysis.prefill import prefill_points
 from ttft.analysis.regime import ModelShape, RegimeSetup, find_peaks, regime
 from ttft.analysis.result import Analysis
 from ttft.collectors import read_spans
-from ttft.collectors.dataset import read_partition, write_dataset
+from ttft.collectors.dataset import read_partition
+from ttft.collectors.dataset_write import write_dataset
 from ttft.collectors.synthetic import generate
 from ttft.tracer.schema import OWN_ROWS_KEY, POLICIES
 

@@ -29,7 +29,7 @@ from ttft.analysis import analyze
 from ttft.analysis.compare import compare, compare_failures
 from ttft.analysis.partition import partition_rows
 from ttft.collectors import read_spans
-from ttft.collectors.dataset import write_dataset
+from ttft.collectors.dataset_write import write_dataset
 from ttft.collectors.synthetic import generate
 from ttft.reports._text import PlainConsole
 from ttft.reports.html_report import render_html
