@@ -24,11 +24,8 @@ import pyarrow.compute as pc
 from ttft.analysis import _column_arrays as col
 from ttft.analysis._grouping import (
     Decoded,
-    Grouping,
     decode,
-    group,
     request_traces,
-    step_keys,
     trace_request_ids,
 )
 from ttft.analysis._trees import CODE
@@ -67,41 +64,18 @@ def _hash_mod(values: np.ndarray, partitions: int) -> np.ndarray:
 
 
 def partition_rows(table: pa.Table, partitions: int) -> Partitioning:
-    """Partition a span table (``tracer.schema.SPAN_SCHEMA``) into ``partitions`` parts.
+    """Partition a span table (``tracer.schema.SPAN_SCHEMA``) into ``partitions`` parts:
+    `PartitionPlan` over the table as one batch, so a table in memory and a trace read
+    batch by batch are partitioned by one program.
 
     Raises:
         ValueError: ``partitions`` below 1.
+        HashCollision: two trace ids share a 64-bit hash.
     """
-    if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
-    d = decode(table)
-    g = group(table, d)
-    trace_part = _hash_mod(np.asarray(d.trace_values, dtype=object), partitions)
-    request_part = _hash_mod(g.names(d.trace_values), partitions)
-    is_request = g.req_of_trace >= 0
-    trace_part[is_request] = request_part[g.req_of_trace[is_request]]
-    owner = np.where(d.trace >= 0, trace_part[np.maximum(d.trace, 0)], 0).astype(np.int32)
-    copy_traces, copy_parts = _step_copies(table, d, g, trace_part, request_part)
-    copy_rows, copy_partitions = _rows_of(d.trace, copy_traces, copy_parts)
-    return Partitioning(owner, copy_rows, copy_partitions.astype(np.int32), g.n_req)
-
-
-def _step_copies(table: pa.Table, d: Decoded, g: Grouping, trace_part: np.ndarray,
-                 request_part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(trace code, partition)`` pairs: a step trace another partition's chunks join."""
-    span = np.flatnonzero((g.row_req >= 0) & (d.stage != CODE["event"])
-                          & (d.stage != CODE["step"]))
-    keys = step_keys(table, d.stage, g.row_req, d.valid, span)
-    if keys is None:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    need = pd.DataFrame({"service": keys.chunk_service, "step": keys.chunk_step,
-                         "partition": request_part[g.row_req[keys.chunks]]})
-    have = pd.DataFrame({"service": keys.gpu_service, "step": keys.gpu_step,
-                         "trace": d.trace[keys.gpus]})
-    pairs = have.merge(need, on=["service", "step"])[["trace", "partition"]].drop_duplicates()
-    pairs = pairs[pairs["partition"].to_numpy() != trace_part[pairs["trace"].to_numpy()]]
-    pairs = pairs.sort_values(["trace", "partition"])
-    return pairs["trace"].to_numpy(np.int64), pairs["partition"].to_numpy(np.int64)
+    plan = PartitionPlan(partitions)
+    plan.survey(table)
+    plan.finish()
+    return plan.route(table)
 
 
 def _rows_of(trace: np.ndarray, traces: np.ndarray, parts: np.ndarray
@@ -138,8 +112,8 @@ _TRACES = pa.schema([("h1", pa.uint64()), ("h2", pa.uint64()), ("req", pa.bool_(
 
 
 class HashCollision(ValueError):
-    """Two trace ids of the input share a 64-bit hash (about once in 10^6 inputs of 10^7
-    traces): the plan cannot tell them apart, and the caller partitions in memory."""
+    """Two trace ids of the input share both 64-bit hashes (about once in 10^24 inputs of
+    10^7 traces): the plan cannot tell them apart. One shared hash is told apart."""
 
 
 def _hashes(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -160,35 +134,38 @@ def _traces_reduced(tables: list[pa.Table]) -> pa.Table:
 
 class _StepKeys:
     """The distinct ``(service, step id, trace)`` of one kind of row (chunks, or gpu work)
-    seen so far: int32 service codes, int64 step ids, the trace's first hash; 20 B a key."""
+    seen so far: int32 service codes, int64 step ids, the trace's two hashes; 28 B a key."""
 
     def __init__(self) -> None:
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._kept = self._pending = 0
 
-    def add(self, service: np.ndarray, step: np.ndarray, h1: np.ndarray) -> None:
+    def add(self, service: np.ndarray, step: np.ndarray, h1: np.ndarray, h2: np.ndarray
+            ) -> None:
         if len(step):
-            self._parts.append((service, step, h1))
+            self._parts.append((service, step, h1, h2))
             self._pending += len(step)
             if self._pending > max(_REDUCE_ROWS, self._kept):
                 self._reduce()
 
     def _reduce(self) -> None:
-        service, step, h1 = (np.concatenate(c) for c in zip(*self._parts, strict=True))
-        order = np.lexsort((h1, step, service))
-        service, step, h1 = service[order], step[order], h1[order]
-        new = np.ones(len(step), bool)
-        new[1:] = (service[1:] != service[:-1]) | (step[1:] != step[:-1]) | (h1[1:] != h1[:-1])
-        self._parts = [(service[new], step[new], h1[new])]
+        columns = [np.concatenate(c) for c in zip(*self._parts, strict=True)]
+        order = np.lexsort(columns[::-1])
+        columns = [c[order] for c in columns]
+        new = np.ones(len(order), bool)
+        for c in columns:
+            new[1:] |= c[1:] != c[:-1]
+        self._parts = [tuple(c[new] for c in columns)]
         self._kept, self._pending = int(new.sum()), 0
 
     def frame(self) -> pd.DataFrame:
         if self._parts:
             self._reduce()
-        service, step, h1 = self._parts[0] if self._parts else (
-            np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.uint64))
+        service, step, h1, h2 = self._parts[0] if self._parts else (
+            np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.uint64),
+            np.empty(0, np.uint64))
         self._parts = []
-        return pd.DataFrame({"service": service, "step": step, "h1": h1})
+        return pd.DataFrame({"service": service, "step": step, "h1": h1, "h2": h2})
 
 
 class PartitionPlan:
@@ -211,7 +188,7 @@ class PartitionPlan:
         self._chunks, self._gpus = _StepKeys(), _StepKeys()
         self._services: dict[str, int] = {}
         self.requests = 0
-        self._h1 = self._part = self._copy_h1 = self._copy_part = None
+        self._h1 = self._h2 = self._part = self._copy_at = self._copy_part = None
 
     def survey(self, table: pa.Table) -> None:
         """Take what decides the partitioning of one batch's traces."""
@@ -231,10 +208,10 @@ class PartitionPlan:
             self._traces = [_traces_reduced(self._traces)]
             self._kept, self._pending = self._traces[0].num_rows, 0
         for keys, stage in ((self._chunks, "prefill.chunk"), (self._gpus, "gpu")):
-            keys.add(*self._step_keys(table, d, CODE[stage], h1))
+            keys.add(*self._step_keys(table, d, CODE[stage], h1, h2))
 
-    def _step_keys(self, table: pa.Table, d: Decoded, stage: int, h1: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _step_keys(self, table: pa.Table, d: Decoded, stage: int, h1: np.ndarray,
+                   h2: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The service codes (the plan's own), step ids and trace hashes of a batch's valid
         rows of ``stage`` that carry a step id."""
         rows = np.flatnonzero(d.valid & (d.stage == stage))
@@ -243,7 +220,8 @@ class PartitionPlan:
         service, service_values = col.codes(col.take(table.column("service"), rows))
         mine = np.array([self._services.setdefault(v, len(self._services))
                          for v in service_values] + [-1], np.int32)
-        return mine[service], ids.astype(np.int64), h1[d.trace[rows]]
+        trace = d.trace[rows]
+        return mine[service], ids.astype(np.int64), h1[trace], h2[trace]
 
     def finish(self) -> None:
         """Decide every trace's partition and the step traces' copies.
@@ -254,9 +232,9 @@ class PartitionPlan:
         traces = _traces_reduced(self._traces)
         self._traces = []
         traces = traces.sort_by([("h1", "ascending"), ("h2", "ascending")])
-        h1 = traces.column("h1").to_numpy()
-        if len(h1) > 1 and (h1[1:] == h1[:-1]).any():
-            raise HashCollision("two trace ids share a 64-bit hash")
+        h1, h2 = traces.column("h1").to_numpy(), traces.column("h2").to_numpy()
+        if len(h1) > 1 and ((h1[1:] == h1[:-1]) & (h2[1:] == h2[:-1])).any():
+            raise HashCollision("two trace ids share both 64-bit hashes")
         req = traces.column("req").to_numpy(zero_copy_only=False)
         rid = traces.column("rid")
         named = req & ~np.asarray(rid.is_null().to_numpy(zero_copy_only=False), bool)
@@ -268,27 +246,39 @@ class PartitionPlan:
             _hash_mod(names.slice(at, _REDUCE_ROWS).to_numpy(zero_copy_only=False),
                       self.partitions) for at in range(0, len(names), _REDUCE_ROWS))])
         self.requests = pc.count_distinct(names).as_py() + int((req & ~named).sum())
-        self._h1, self._part = h1, part
+        self._h1, self._h2, self._part = h1, h2, part
         self._copies(req)
 
     def _copies(self, req: np.ndarray) -> None:
         chunks, gpus = self._chunks.frame(), self._gpus.frame()
-        chunks["partition"] = self._part[self._index(chunks["h1"].to_numpy(np.uint64))]
-        where = self._index(gpus["h1"].to_numpy(np.uint64))
-        gpus = gpus[~req[where]].assign(own=self._part[where[~req[where]]])
+        chunks["partition"] = self._part[self._index(chunks["h1"].to_numpy(np.uint64),
+                                                     chunks["h2"].to_numpy(np.uint64))]
+        where = self._index(gpus["h1"].to_numpy(np.uint64), gpus["h2"].to_numpy(np.uint64))
+        gpus = gpus[~req[where]].assign(at=where[~req[where]])
+        gpus["own"] = self._part[gpus["at"].to_numpy()]
         pairs = gpus.merge(chunks[["service", "step", "partition"]], on=["service", "step"])
         pairs = pairs[pairs["partition"] != pairs["own"]]
-        pairs = pairs[["h1", "partition"]].drop_duplicates().sort_values(["h1", "partition"])
-        self._copy_h1 = pairs["h1"].to_numpy(np.uint64)
+        pairs = pairs[["at", "partition"]].drop_duplicates().sort_values(["at", "partition"])
+        self._copy_at = pairs["at"].to_numpy(np.int64)
         self._copy_part = pairs["partition"].to_numpy(np.int64)
 
-    def _index(self, h1: np.ndarray) -> np.ndarray:
-        """Each hash's position in the plan; ValueError for one the survey never saw."""
-        at = np.minimum(np.searchsorted(self._h1, h1), max(len(self._h1) - 1, 0))
-        if len(h1) and (len(self._h1) == 0 or (self._h1[at] != h1).any()):
+    def _index(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        """Each trace's position in the plan, by both hashes (traces sharing the first lie
+        side by side, ordered by the second); ValueError for one the survey never saw."""
+        n = len(self._h1)
+        at = np.searchsorted(self._h1, h1)
+        last = np.searchsorted(self._h1, h1, "right")
+        if n:
+            # a shared first hash: the run of equal h1 searched by h2 (rarely more than one)
+            shared = np.flatnonzero(last - at > 1)
+            for i in shared.tolist():
+                at[i] += int(np.searchsorted(self._h2[at[i]:last[i]], h2[i]))
+        found = np.minimum(at, max(n - 1, 0))
+        if len(h1) and (n == 0 or (at >= n).any() or (self._h1[found] != h1).any()
+                        or (self._h2[found] != h2).any()):
             raise ValueError("a trace that the first pass did not see: the input changed "
                              "while it was being partitioned")
-        return at
+        return found
 
     def route(self, table: pa.Table) -> Partitioning:
         """Where each row of one surveyed batch goes (``requests``: the whole input's)."""
@@ -298,11 +288,11 @@ class PartitionPlan:
         if not values:
             return Partitioning(np.zeros(table.num_rows, np.int32), np.empty(0, np.int64),
                                 np.empty(0, np.int32), self.requests)
-        h1 = _hashes(values)[0]
-        trace_part = self._part[self._index(h1)]
+        at = self._index(*_hashes(values))
+        trace_part = self._part[at]
         owner = np.where(trace >= 0, trace_part[np.maximum(trace, 0)], 0).astype(np.int32)
-        lo = np.searchsorted(self._copy_h1, h1, "left")
-        hi = np.searchsorted(self._copy_h1, h1, "right")
+        lo = np.searchsorted(self._copy_at, at, "left")
+        hi = np.searchsorted(self._copy_at, at, "right")
         many = hi - lo
         codes = np.repeat(np.arange(len(values)), many)
         parts = self._copy_part[np.repeat(lo, many) + (np.arange(int(many.sum()))

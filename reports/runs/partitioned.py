@@ -138,7 +138,7 @@ def source_of(path: str | os.PathLike[str], format: str | None = None) -> Source
 
 class NotStreamed(Exception):
     """The inputs must be read whole: the stage mapping changes their spans (other systems'
-    spans, whose requests the mapping forms across traces), or two trace ids hash alike."""
+    spans, whose requests the mapping may form across traces)."""
 
 
 def stream_partitioned(
@@ -164,9 +164,10 @@ def stream_partitioned(
     Raises:
         NotStreamed: before anything is written, when the inputs must be read whole.
         ValueError, TraceFileError, OSError: as ``write_partitioned``; ValueError also when
-            an input changed between the two passes.
+            an input changed between the two passes (or two trace ids share both hashes,
+            ``analysis.partition.HashCollision``).
     """
-    from ttft.analysis.partition import KEY_RULE, HashCollision, PartitionPlan
+    from ttft.analysis.partition import KEY_RULE, PartitionPlan
     from ttft.collectors.dataset_write import DatasetWriter
     from ttft.collectors.importers.mapping import default_mapping
 
@@ -178,10 +179,7 @@ def stream_partitioned(
                 if rules.apply(batch) is not batch:
                     raise NotStreamed(f"{source.name}: the stage mapping changes its spans")
                 plan.survey(batch)
-        try:
-            plan.finish()
-        except HashCollision as exc:
-            raise NotStreamed(str(exc)) from None
+        plan.finish()
     writer = DatasetWriter(out, partitions, KEY_RULE,
                            dict(metadata() if callable(metadata) else metadata))
     largest = np.zeros(partitions, np.int64)

@@ -9,12 +9,22 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ttft.analysis.partition import PartitionPlan, partition_rows
+from ttft.analysis import partition
+from ttft.analysis._grouping import decode, group, step_keys
+from ttft.analysis._trees import CODE
+from ttft.analysis.partition import (
+    Partitioning,
+    PartitionPlan,
+    _hash_mod,
+    _rows_of,
+    partition_rows,
+)
 from ttft.collectors.synthetic import generate
 from ttft.tracer.schema import SPAN_SCHEMA
 
@@ -68,7 +78,7 @@ def planned(table: pa.Table, partitions: int, batch: int):
 
 
 def check(table: pa.Table, partitions: int, batch: int) -> None:
-    whole = partition_rows(table, partitions)
+    whole = reference(table, partitions)
     owner, copies, requests = planned(table, partitions, batch)
     assert owner.tolist() == whole.owner.tolist()
     assert copies == set(zip(whole.copy_rows.tolist(), whole.copy_partitions.tolist(),
@@ -81,7 +91,9 @@ def check(table: pa.Table, partitions: int, batch: int) -> None:
 def test_the_plan_routes_every_row_as_the_whole_table_does(partitions, batch):
     table = base(200, 5)
     check(table, partitions, batch)
-    assert partition_rows(table, partitions).copy_rows.size > 0 or partitions == 1
+    assert reference(table, partitions).copy_rows.size > 0 or partitions == 1
+    whole = partition_rows(table, partitions)  # the plan over one batch
+    assert whole.owner.tolist() == reference(table, partitions).owner.tolist()
 
 
 @settings(max_examples=25, deadline=None)
@@ -89,6 +101,21 @@ def test_the_plan_routes_every_row_as_the_whole_table_does(partitions, batch):
        partitions=st.integers(1, 9), batch=st.integers(1, 400))
 def test_the_plan_agrees_on_awkward_traces_in_any_batches(requests, seed, partitions, batch):
     check(awkward(base(requests, seed % 50), seed), partitions, batch)
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_traces_sharing_a_first_hash_are_told_apart_by_the_second(monkeypatch, partitions):
+    """With the first hash cut to a few values (each trace's partition kept: it is the
+    first hash modulo the count), traces share it by the hundred and are still routed as
+    the reference routes them."""
+    hashes = partition._hashes
+
+    def few(values):
+        h1, h2 = hashes(values)
+        return h1 % np.uint64(4 * partitions), h2
+
+    monkeypatch.setattr(partition, "_hashes", few)
+    check(awkward(base(60, 2), 2), partitions, 101)
 
 
 def test_a_batch_the_survey_never_saw_is_refused():
@@ -103,3 +130,33 @@ def test_a_batch_the_survey_never_saw_is_refused():
 def test_partitions_must_be_positive():
     with pytest.raises(ValueError, match=">= 1"):
         PartitionPlan(0)
+
+
+# --- the reference: the rule over a whole table, as it was written before the plan --------
+
+def reference(table: pa.Table, partitions: int) -> Partitioning:
+    """``partition_rows`` as it was before the plan: the whole table grouped as
+    ``assemble`` groups it (``_grouping.group``), step keys joined by a pandas merge."""
+    d = decode(table)
+    g = group(table, d)
+    trace_part = _hash_mod(np.asarray(d.trace_values, dtype=object), partitions)
+    request_part = _hash_mod(g.names(d.trace_values), partitions)
+    is_request = g.req_of_trace >= 0
+    trace_part[is_request] = request_part[g.req_of_trace[is_request]]
+    owner = np.where(d.trace >= 0, trace_part[np.maximum(d.trace, 0)], 0).astype(np.int32)
+    span = np.flatnonzero((g.row_req >= 0) & (d.stage != CODE["event"])
+                          & (d.stage != CODE["step"]))
+    keys = step_keys(table, d.stage, g.row_req, d.valid, span)
+    copy_traces = copy_parts = np.empty(0, np.int64)
+    if keys is not None:
+        need = pd.DataFrame({"service": keys.chunk_service, "step": keys.chunk_step,
+                             "partition": request_part[g.row_req[keys.chunks]]})
+        have = pd.DataFrame({"service": keys.gpu_service, "step": keys.gpu_step,
+                             "trace": d.trace[keys.gpus]})
+        pairs = have.merge(need, on=["service", "step"])[["trace", "partition"]]
+        pairs = pairs.drop_duplicates()
+        pairs = pairs[pairs["partition"].to_numpy() != trace_part[pairs["trace"].to_numpy()]]
+        copy_traces = pairs["trace"].to_numpy(np.int64)
+        copy_parts = pairs["partition"].to_numpy(np.int64)
+    copy_rows, copy_partitions = _rows_of(d.trace, copy_traces, copy_parts)
+    return Partitioning(owner, copy_rows, copy_partitions.astype(np.int32), g.n_req)
