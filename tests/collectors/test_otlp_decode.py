@@ -147,8 +147,11 @@ def requests(draw, plain: bool = False):
             span.start_time_unix_nano = start
             span.end_time_unix_nano = draw(st.sampled_from(
                 [start, start + 5, 0] + ([] if plain else [max(start - 1, 0)])))
-            add_attributes(span.attributes, draw(attributes(plain)))
-            point = span.end_time_unix_nano in (0, start) or span.name == "event"
+            pairs = draw(attributes(plain))
+            add_attributes(span.attributes, pairs)
+            # a point: no duration, or the event stage by its name or its ttft.stage
+            point = (span.end_time_unix_nano in (0, start) or span.name == "event"
+                     or ("ttft.stage", ("string_value", "event")) in pairs)
             for _ in range(draw(st.integers(0, 0 if plain and point else 2))):
                 event = span.events.add(name=draw(TEXT),
                                          time_unix_nano=draw(st.integers(0, 1 << 62)))
