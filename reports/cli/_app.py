@@ -60,12 +60,14 @@ def require_engine(command: str) -> None:
 
 @contextmanager
 def progress(message: str):
-    """A spinner on stderr while ``message`` (plain text) runs (only on a terminal)."""
+    """A spinner on stderr while ``message`` (plain text) runs (only on a terminal). It
+    yields a function that replaces the message (a count as the work goes on); off a
+    terminal it does nothing."""
     if err.is_terminal:
-        with err.status(plain(message)):
-            yield
+        with err.status(plain(message)) as status:
+            yield lambda text: status.update(plain(text))
     else:
-        yield
+        yield lambda _text: None
 
 
 def stdout_console() -> PlainConsole:

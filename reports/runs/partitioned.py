@@ -173,19 +173,22 @@ def stream_partitioned(
 
     rules = mapping if mapping is not None else default_mapping()
     plan = PartitionPlan(partitions)
-    with progress(f"reading {_names(sources)} (1 of 2: requests and step keys)"):
+    first = f"reading {_names(sources)} (1 of 2: requests and step keys)"
+    with progress(first) as update:
         for source in sources:
             for batch in source.batches():
                 if rules.apply(batch) is not batch:
                     raise NotStreamed(f"{source.name}: the stage mapping changes its spans")
                 plan.survey(batch)
+                _said(update, f"{first}: {plan.rows:,} spans")
         plan.finish()
     writer = DatasetWriter(out, partitions, KEY_RULE,
                            dict(metadata() if callable(metadata) else metadata))
     largest = np.zeros(partitions, np.int64)
     rows = 0
     try:
-        with progress(f"writing {out} (2 of 2: {plan.rows:,} spans)"):
+        second = f"writing {out} (2 of 2)"
+        with progress(second) as update:
             for source in sources:
                 for batch in source.batches():
                     routed = plan.route(batch)
@@ -193,6 +196,7 @@ def stream_partitioned(
                     largest += (_counts(routed.owner, partitions)
                                 + _counts(routed.copy_partitions, partitions))
                     rows += batch.num_rows
+                    _said(update, f"{second}: {rows:,} of {plan.rows:,} spans")
         if rows != plan.rows:
             raise ValueError(f"{_names(sources)}: {rows:,} spans on the second read, "
                              f"{plan.rows:,} on the first: the input changed while it was "
@@ -203,6 +207,12 @@ def stream_partitioned(
     writer.close()
     return Written(os.fspath(out), partitions, plan.requests, writer.spans, writer.copies,
                    int(largest.max()))
+
+
+def _said(update: Any, text: str) -> None:
+    """Show ``text`` on the progress line (``progress`` may yield nothing to update)."""
+    if callable(update):
+        update(text)
 
 
 def _names(sources: Sequence[Source]) -> str:
