@@ -51,7 +51,9 @@ def partition(
     Parquet files and a _ttft_dataset.json): every request is owned by one partition, with
     its client and server traces, and the engine step traces it ran in are copied into its
     partition, so each partition is analysed alone. ttft analyze, report, compare and
-    export read a dataset as one trace."""
+    export read a dataset as one trace. Local ttft traces and datasets are read twice, a
+    batch at a time, in memory that grows with their traces, not their spans; other
+    formats, streams and traces the stage mapping changes are read whole."""
     import pyarrow as pa
 
     from ttft.collectors import TraceFileError
