@@ -31,7 +31,7 @@ from ttft.analysis._grouping import (
 from ttft.analysis._trees import CODE
 from ttft.tracer.schema import ATTR_STEP_ID
 
-__all__ = ["KEY_RULE", "HashCollision", "PartitionPlan", "Partitioning", "partition_rows"]
+__all__ = ["KEY_RULE", "PartitionPlan", "Partitioning", "partition_rows"]
 
 KEY_RULE = ("request (request_id, else its smallest trace_id), hashed; engine step traces "
             "copied into every partition whose requests' prefill chunks ran in them")
@@ -70,7 +70,6 @@ def partition_rows(table: pa.Table, partitions: int) -> Partitioning:
 
     Raises:
         ValueError: ``partitions`` below 1.
-        HashCollision: two trace ids share a 64-bit hash.
     """
     plan = PartitionPlan(partitions)
     plan.survey(table)
@@ -111,13 +110,9 @@ _TRACES = pa.schema([("h1", pa.uint64()), ("h2", pa.uint64()), ("req", pa.bool_(
                      ("rid", pa.string())])
 
 
-class HashCollision(ValueError):
-    """Two trace ids of the input share both 64-bit hashes (about once in 10^24 inputs of
-    10^7 traces): the plan cannot tell them apart. One shared hash is told apart."""
-
-
 def _hashes(values: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Two independent 64-bit hashes of each value; the first is `_hash_mod`'s."""
+    """Two independent 64-bit hashes of each value; the first is `_hash_mod`'s. Two trace
+    ids sharing both (about 2^-128 for a pair) would be partitioned as one trace."""
     obj = np.asarray(values, dtype=object)
     return (pd.util.hash_array(obj, categorize=False),
             pd.util.hash_array(obj, hash_key=_SECOND_KEY, categorize=False))
@@ -226,15 +221,11 @@ class PartitionPlan:
     def finish(self) -> None:
         """Decide every trace's partition and the step traces' copies.
 
-        Raises:
-            HashCollision: two trace ids share a hash.
         """
         traces = _traces_reduced(self._traces)
         self._traces = []
         traces = traces.sort_by([("h1", "ascending"), ("h2", "ascending")])
         h1, h2 = traces.column("h1").to_numpy(), traces.column("h2").to_numpy()
-        if len(h1) > 1 and ((h1[1:] == h1[:-1]) & (h2[1:] == h2[:-1])).any():
-            raise HashCollision("two trace ids share both 64-bit hashes")
         req = traces.column("req").to_numpy(zero_copy_only=False)
         rid = traces.column("rid")
         named = req & ~np.asarray(rid.is_null().to_numpy(zero_copy_only=False), bool)

@@ -74,17 +74,23 @@ _FLUSH_ROWS = 1 << 20
 """Rows a partition's file gets at once (a Parquet row group's worth)."""
 _BUFFER_BYTES = 64 << 20
 """Rows buffered for all partitions together before the largest buffer is written."""
+_MAX_OPEN = 64
+"""Partition files open for writing at once; past it the least recently written one is
+closed as a finished piece, and a later write starts another (pieces are joined at
+`DatasetWriter.close`), so a dataset of any partition count stays within the process's
+open-file limit."""
 
 
 class _PartFile:
-    """One partition file being written: rows buffered, then written in row groups to a
-    dot-named temporary that `DatasetWriter.close` renames into place."""
+    """One partition file being written: rows buffered, then written in row groups to
+    dot-named temporary pieces that `close` joins (when there are several) and renames
+    into place."""
 
     def __init__(self, path: Path, metadata: dict[bytes, bytes]) -> None:
         self.path, self.metadata = path, metadata
-        self.tmp = path.with_name(f".{path.name}.tmp")
         self.buffered: list[pa.Table] = []
         self.rows = self.nbytes = self.written = 0
+        self.pieces: list[Path] = []
         self.writer: pq.ParquetWriter | None = None
 
     def add(self, table: pa.Table) -> None:
@@ -93,38 +99,65 @@ class _PartFile:
             self.rows += table.num_rows
             self.nbytes += table.nbytes
 
-    def flush(self) -> None:
+    def _open(self, schema: pa.Schema) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        piece = self.path.with_name(f".{self.path.name}.tmp.{len(self.pieces)}")
+        self.pieces.append(piece)
+        self.writer = pq.ParquetWriter(piece, schema, **WRITE_OPTIONS)
+
+    def flush(self) -> bool:
+        """Write the buffered rows; True when that opened a writer."""
         if not self.buffered:
-            return
+            return False
         table = pa.concat_tables(self.buffered) if len(self.buffered) > 1 else self.buffered[0]
         self.buffered, self.rows, self.nbytes = [], 0, 0
         table = by_trace(table).replace_schema_metadata(self.metadata)
-        if self.writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.tmp, table.schema, **WRITE_OPTIONS)
+        opened = self.writer is None
+        if opened:
+            self._open(table.schema)
+        assert self.writer is not None
         self.writer.write_table(table)
         self.written += table.num_rows
+        return opened
+
+    def suspend(self) -> None:
+        """Close the open piece (a later flush starts another)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
     def close(self, empty_ok: bool) -> bool:
-        """Write what is left and rename the file into place; False (nothing written) when
-        it holds no row and ``empty_ok`` is false."""
+        """Write what is left, join the pieces and rename the file into place; False
+        (nothing written) when it holds no row and ``empty_ok`` is false."""
         self.flush()
-        if self.writer is None:
+        if not self.pieces:
             if not empty_ok:
                 return False
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(
-                self.tmp, SPAN_SCHEMA.with_metadata(self.metadata), **WRITE_OPTIONS)
-        self.writer.close()
-        fsync(self.tmp)
-        os.replace(self.tmp, self.path)
+            self._open(SPAN_SCHEMA.with_metadata(self.metadata))
+        self.suspend()
+        whole = self.pieces[0]
+        if len(self.pieces) > 1:  # joined a row group at a time: memory stays bounded
+            whole = self.path.with_name(f".{self.path.name}.tmp")
+            with pq.ParquetWriter(whole, SPAN_SCHEMA.with_metadata(self.metadata),
+                                  **WRITE_OPTIONS) as joined:
+                for piece in self.pieces:
+                    source = pq.ParquetFile(piece)
+                    for group in range(source.metadata.num_row_groups):
+                        joined.write_table(source.read_row_group(group)
+                                           .replace_schema_metadata(self.metadata))
+                    source.close()
+                    piece.unlink()
+        fsync(whole)
+        os.replace(whole, self.path)
+        self.pieces = []
         return True
 
     def discard(self) -> None:
-        if self.writer is not None:
-            with contextlib.suppress(Exception):
-                self.writer.close()
-        discard(self.tmp)
+        with contextlib.suppress(Exception):
+            self.suspend()
+        for piece in self.pieces:
+            discard(piece)
+        discard(self.path.with_name(f".{self.path.name}.tmp"))
 
 
 def _refuse_nonempty_local(out: Path) -> None:
@@ -183,7 +216,17 @@ class DatasetWriter:
 
         self._own = [part(k, SPANS_FILE) for k in range(partitions)]
         self._borrowed = [part(k, BORROWED_FILE) for k in range(partitions)]
+        self._open: dict[int, _PartFile] = {}  # by id, least recently written first
         self.spans = self.copies = 0
+
+    def _flush(self, f: _PartFile) -> None:
+        if f.writer is not None:
+            self._open.pop(id(f), None)
+        elif f.buffered and len(self._open) >= _MAX_OPEN:
+            self._open.pop(next(iter(self._open))).suspend()
+        f.flush()
+        if f.writer is not None:
+            self._open[id(f)] = f
 
     def put(self, k: int, own: pa.Table, borrowed: pa.Table | None = None) -> None:
         """Append rows partition ``k`` owns and rows copied into it."""
@@ -194,10 +237,10 @@ class DatasetWriter:
             self.copies += borrowed.num_rows
         for f in (self._own[k], self._borrowed[k]):
             if f.rows >= _FLUSH_ROWS:
-                f.flush()
+                self._flush(f)
         files = (*self._own, *self._borrowed)
         while sum(f.nbytes for f in files) > _BUFFER_BYTES:
-            max(files, key=lambda f: f.nbytes).flush()
+            self._flush(max(files, key=lambda f: f.nbytes))
 
     def add(self, table: pa.Table, owner: np.ndarray, copy_rows: np.ndarray,
             copy_partitions: np.ndarray) -> None:
@@ -218,8 +261,8 @@ class DatasetWriter:
 
     def flush(self, k: int) -> None:
         """Write partition ``k``'s buffered rows now."""
-        self._own[k].flush()
-        self._borrowed[k].flush()
+        self._flush(self._own[k])
+        self._flush(self._borrowed[k])
 
     def close(self) -> Path | str:
         """Write every partition's files and, last, the dataset file.
@@ -232,8 +275,9 @@ class DatasetWriter:
         """
         try:
             for own, borrowed in zip(self._own, self._borrowed, strict=True):
-                own.close(empty_ok=True)
-                borrowed.close(empty_ok=False)
+                for f, empty_ok in ((own, True), (borrowed, False)):
+                    self._open.pop(id(f), None)
+                    f.close(empty_ok)
                 fsync(own.path.parent)  # the renames are durable before the dataset names them
             info = _json_bytes({"format": FORMAT, "version": VERSION,
                                 "partitions": self.partitions, "key": self.key,
@@ -253,9 +297,12 @@ class DatasetWriter:
                 self._scratch.cleanup()
 
     def abort(self) -> None:
-        """Remove the temporaries of files not yet in place (after a failure)."""
+        """Remove the temporaries of files not yet in place (after a failure), and a URL's
+        local scratch directory."""
         for f in (*self._own, *self._borrowed):
             f.discard()
+        if self._scratch is not None:
+            self._scratch.cleanup()
 
 
 def write_dataset(

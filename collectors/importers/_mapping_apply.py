@@ -13,7 +13,12 @@ import numpy as np
 import pyarrow as pa
 
 from ttft.collectors.importers._mapping_events import add_intervals
-from ttft.collectors.importers._mapping_ids import request_ids, rows_mentioning
+from ttft.collectors.importers._mapping_ids import (
+    REQUEST_ID_ATTRIBUTE,
+    mentions,
+    request_ids,
+    rows_mentioning,
+)
 from ttft.collectors.importers._mapping_rules import DERIVE_FIRST_END, DERIVE_VLLM, Rule
 from ttft.tracer.schema import EV_FIRST_SAMPLED
 
@@ -131,6 +136,21 @@ class Apply:
             extra = pa.Table.from_pylist(self.derived, schema=table.schema)
             table = pa.concat_tables([table, extra])
         return table
+
+    def inert(self) -> bool:
+        """Whether no rule can act on this table's rows, alone or beside any other rows: no
+        rule fits a (service, name) of it (a rule's joins, derivations and intervals start
+        from rows it fits) and no row carries a request id to fill."""
+        if self.table.num_rows == 0:
+            return True
+        _, name_values = _codes(self.table.column("name"))
+        _, service_values = _codes(self.table.column("service"))
+        services, names = [*service_values, ""], [*name_values, ""]
+        name_set = frozenset(names)
+        if any(rule.fits_any(services, names, name_set) for rule in self.rules):
+            return False
+        return not mentions(self.table.column("attributes"),
+                            f'"{REQUEST_ID_ATTRIBUTE}"'.encode())
 
     def assign(self, stage: np.ndarray, stage_values: list[str]) -> np.ndarray:
         """Rule index per row (-1: no rule), first matching rule wins."""

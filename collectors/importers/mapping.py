@@ -141,6 +141,14 @@ class StageMapping:
         not a JSON object has none."""
         return Apply(self.rules, table).run()
 
+    def inert(self, table: pa.Table) -> bool:
+        """Whether no rule can act on any row of ``table``, whatever other rows it is read
+        with: then ``apply`` leaves it as it is, alone or as part of a larger table, and a
+        trace made of such tables can be read a table at a time (``ttft partition``). A
+        join or an interval rule acts on rows of several tables together, so a table one
+        of them fits is not inert even when ``apply`` of it alone changes nothing."""
+        return Apply(self.rules, table).inert()
+
 
 @lru_cache(maxsize=1)
 def default_mapping() -> StageMapping:

@@ -53,7 +53,7 @@ def partition(
     partition, so each partition is analysed alone. ttft analyze, report, compare and
     export read a dataset as one trace. Local ttft traces and datasets are read twice, a
     batch at a time, in memory that grows with their traces, not their spans; other
-    formats, streams and traces the stage mapping changes are read whole."""
+    formats, streams and traces holding spans the stage mapping maps are read whole."""
     import pyarrow as pa
 
     from ttft.collectors import TraceFileError
@@ -100,10 +100,6 @@ def _streamed(traces: list[Path], out: str, partitions: int, format: str | None,
             from ttft.collectors.importers.mapping import load_mapping
 
             rules = load_mapping(mapping)
-        for trace, source in zip(traces, sources, strict=True):
-            note_staged(trace)
-            if (note := deployment_note(source.metadata)) is not None:
-                err.print(plain(note), soft_wrap=True)
         metadata = merged_metadata([(str(t), s.metadata) for t, s in zip(traces, sources,
                                                                            strict=True)])
         written = stream_partitioned(out, sources, partitions, metadata, progress, rules)
@@ -114,9 +110,12 @@ def _streamed(traces: list[Path], out: str, partitions: int, format: str | None,
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"{exc.filename or out}: cannot write ({exc.strerror or exc})") from None
-    for trace, source in zip(traces, sources, strict=True):
+    for trace, source in zip(traces, sources, strict=True):  # as `load_trace` says them
+        note_staged(trace)
         if source.inputs is not None:
             err.print(plain(describe_inputs(trace, source.inputs)), soft_wrap=True)
+        if (note := deployment_note(source.metadata)) is not None:
+            err.print(plain(note), soft_wrap=True)
     return written
 
 

@@ -137,8 +137,9 @@ def source_of(path: str | os.PathLike[str], format: str | None = None) -> Source
 
 
 class NotStreamed(Exception):
-    """The inputs must be read whole: the stage mapping changes their spans (other systems'
-    spans, whose requests the mapping may form across traces)."""
+    """The inputs must be read whole: a rule of the stage mapping fits some of their spans
+    (other systems' spans; a join or interval rule acts on rows of several batches
+    together, so a batch it fits is not read alone)."""
 
 
 def stream_partitioned(
@@ -159,13 +160,12 @@ def stream_partitioned(
         metadata: the dataset's run metadata, or a function giving it once the first read
             is done (what the sources' ``inputs`` say is known then).
         mapping: the stage rules the inputs are read with (None: the built-in ones); a
-            batch they change is not streamed.
+            batch some rule can act on (``StageMapping.inert``) is not streamed.
 
     Raises:
         NotStreamed: before anything is written, when the inputs must be read whole.
         ValueError, TraceFileError, OSError: as ``write_partitioned``; ValueError also when
-            an input changed between the two passes (or two trace ids share both hashes,
-            ``analysis.partition.HashCollision``).
+            an input changed between the two passes.
     """
     from ttft.analysis.partition import KEY_RULE, PartitionPlan
     from ttft.collectors.dataset_write import DatasetWriter
@@ -177,8 +177,9 @@ def stream_partitioned(
     with progress(first) as update:
         for source in sources:
             for batch in source.batches():
-                if rules.apply(batch) is not batch:
-                    raise NotStreamed(f"{source.name}: the stage mapping changes its spans")
+                if not rules.inert(batch):
+                    raise NotStreamed(f"{source.name}: the stage mapping maps some of its "
+                                      "spans")
                 plan.survey(batch)
                 _said(update, f"{first}: {plan.rows:,} spans")
         plan.finish()

@@ -196,3 +196,28 @@ def test_a_url_that_holds_no_dataset(tmp_path):
     pytest.importorskip("fsspec")
     with pytest.raises(TraceFileError, match="not a partitioned dataset"):
         read_spans(f"file://{tmp_path}/nothing")
+
+
+def test_a_writer_of_many_partitions_joins_each_file_s_pieces(tmp_path, monkeypatch):
+    """Rows put a few at a time into more partitions than the writer keeps files open
+    (cut to 2): each file is closed and reopened as pieces, joined at the end into one
+    file holding every row put into it, with no temporary left."""
+    from ttft.collectors import dataset_write
+
+    monkeypatch.setattr(dataset_write, "_MAX_OPEN", 2)
+    monkeypatch.setattr(dataset_write, "_BUFFER_BYTES", 1)  # every put is written at once
+    table = _table(40)
+    writer = dataset_write.DatasetWriter(tmp_path / "ds", 5, "test", {"source": "test"})
+    for start in range(0, 40, 2):
+        rows = table.slice(start, 2)
+        k = (start // 2) % 5
+        writer.put(k, rows, rows if k == 3 else None)
+    writer.close()
+    for k in range(5):
+        own = [r for i, r in enumerate(table.to_pylist()) if (i // 2) % 5 == k]
+        read, count = read_partition(tmp_path / "ds", k)
+        assert _sorted(read.slice(0, count)) == sorted(own, key=lambda r: r["span_id"])
+        assert _sorted(read.slice(count)) == (sorted(own, key=lambda r: r["span_id"])
+                                              if k == 3 else [])
+    assert not list((tmp_path / "ds").glob("part=*/.*"))
+    assert dataset_info(tmp_path / "ds")["spans"] == 40

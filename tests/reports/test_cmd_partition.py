@@ -290,6 +290,65 @@ def test_spans_the_stage_mapping_changes_are_read_whole(synth, tmp_path):
     out = tmp_path / "ds"
     result = runner.invoke(app, ["partition", str(path), "-o", str(out), "--partitions", "2"])
     assert result.exit_code == 0, result.output
-    assert "the stage mapping changes its spans: reading the traces whole" in result.stderr
+    assert "the stage mapping maps some of its spans: reading the traces whole" in result.stderr
     stages = read_spans(out).column("stage").to_pylist()
     assert stages.count("queue") == table.column("stage").to_pylist().count("queue") + 1
+
+
+def test_runs_a_mapping_joins_only_together_are_read_whole(synth, tmp_path):
+    """Two runs of one directory, each left as it is by the built-in mapping alone, that
+    its Mooncake join (a sender span's ``bootstrap_room`` matched to a request's) changes
+    when read together: the directory is not streamed, and the sender's transfer lands
+    with its request, as reading it whole puts it."""
+    import pyarrow as pa
+
+    from ttft.collectors import write_trace
+    from ttft.collectors.importers.mapping import default_mapping
+    from ttft.tracer.schema import SPAN_SCHEMA
+
+    rows = read_spans(synth).to_pylist()
+    server = next(r for r in rows if r["stage"] == "server")
+    server["attributes"] = json.dumps({**json.loads(server["attributes"] or "{}"),
+                                       "bootstrap_room": 7})
+    t0, host = server["start_ns"], server["clock"]
+    sender = pa.Table.from_pylist([
+        {"trace_id": "ab" * 16, "span_id": "00000000000000a1", "parent_id": None,
+         "request_id": None, "name": "Sender Req 0x7", "stage": "other", "start_ns": t0 + 1000,
+         "end_ns": t0 + 90_000_000, "clock": host, "service": "sglang",
+         "attributes": json.dumps({"module": "sglang::mooncake", "rid": "0x7",
+                                   "bootstrap_room": 7})},
+        {"trace_id": "ab" * 16, "span_id": "00000000000000a2", "parent_id": "00000000000000a1",
+         "request_id": None, "name": "mooncake_send", "stage": "kv_transfer",
+         "start_ns": t0 + 2000, "end_ns": t0 + 80_000_000, "clock": host, "service": "sglang",
+         "attributes": "{}"}], schema=SPAN_SCHEMA)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    requests = pa.Table.from_pylist(rows, schema=SPAN_SCHEMA)
+    write_trace(runs / "a.parquet", requests, {"source": "a"})
+    write_trace(runs / "b.parquet", sender, {"source": "b"})
+    rules = default_mapping()
+    assert rules.apply(requests) is requests and rules.apply(sender) is sender
+    assert not rules.inert(sender) and rules.inert(requests)
+    out = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", str(runs), "-o", str(out), "--partitions", "4"])
+    assert result.exit_code == 0, result.output
+    assert "reading the traces whole" in result.stderr
+    assert ", 120 requests," in result.stderr  # the sender is the request's, not one more
+    (k,) = {k for k in range(4) for r in read_partition(out, k)[0].to_pylist()
+            if r["trace_id"] in ("ab" * 16, server["trace_id"])}
+
+
+def test_more_partitions_than_open_files_allowed(synth, tmp_path, monkeypatch):
+    """A dataset of more partitions than the writer keeps files open (its own limit cut
+    to 3 here, every partition written in several pieces by 1 kB buffers) is written
+    and reads back as the trace, whole and streamed."""
+    from ttft.collectors import dataset_write
+
+    monkeypatch.setattr(dataset_write, "_MAX_OPEN", 3)
+    monkeypatch.setattr(dataset_write, "_BUFFER_BYTES", 1 << 10)
+    out = tmp_path / "ds"
+    result = runner.invoke(app, ["partition", str(synth), "-o", str(out),
+                                 "--partitions", "9"])
+    assert result.exit_code == 0, result.output
+    assert not list(out.glob("part=*/.*"))  # no temporary or piece left
+    assert _analyze_json(out) == _analyze_json(synth)
