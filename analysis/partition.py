@@ -72,9 +72,10 @@ def partition_rows(table: pa.Table, partitions: int) -> Partitioning:
         ValueError: ``partitions`` below 1.
     """
     plan = PartitionPlan(partitions)
-    plan.survey(table)
+    d = decode(table)  # once: the route reads the trace codes the survey decoded
+    plan.survey(table, d)
     plan.finish()
-    return plan.route(table)
+    return plan.route(table, (d.trace, d.trace_values))
 
 
 def _rows_of(trace: np.ndarray, traces: np.ndarray, parts: np.ndarray
@@ -185,10 +186,11 @@ class PartitionPlan:
         self.requests = 0
         self._h1 = self._h2 = self._part = self._copy_at = self._copy_part = None
 
-    def survey(self, table: pa.Table) -> None:
-        """Take what decides the partitioning of one batch's traces."""
+    def survey(self, table: pa.Table, d: Decoded | None = None) -> None:
+        """Take what decides the partitioning of one batch's traces (``d``: the batch
+        decoded, when the caller has it)."""
         self.rows += table.num_rows
-        d = decode(table)
+        d = decode(table) if d is None else d
         if not d.trace_values:
             return
         is_req = request_traces(d)
@@ -271,11 +273,14 @@ class PartitionPlan:
                              "while it was being partitioned")
         return found
 
-    def route(self, table: pa.Table) -> Partitioning:
-        """Where each row of one surveyed batch goes (``requests``: the whole input's)."""
+    def route(self, table: pa.Table, traces: tuple[np.ndarray, list[str]] | None = None
+              ) -> Partitioning:
+        """Where each row of one surveyed batch goes (``requests``: the whole input's);
+        ``traces``: the batch's trace codes and values (``col.trace_codes``), when the
+        caller has them."""
         if self._h1 is None:
             raise RuntimeError("route before finish")
-        trace, values = col.trace_codes(table.column("trace_id"))
+        trace, values = col.trace_codes(table.column("trace_id")) if traces is None else traces
         if not values:
             return Partitioning(np.zeros(table.num_rows, np.int32), np.empty(0, np.int64),
                                 np.empty(0, np.int32), self.requests)

@@ -250,19 +250,19 @@ class DatasetWriter:
         Raises:
             ValueError: the routing does not fit the batch or the partition count.
         """
-        owner, copy_rows, copy_partitions = _checked_rows(table, owner, copy_rows,
-                                                          copy_partitions, self.partitions)
+        self._add(table, *_checked_rows(table, owner, copy_rows, copy_partitions,
+                                        self.partitions))
+
+    def _add(self, table: pa.Table, owner: np.ndarray, copy_rows: np.ndarray,
+             copy_partitions: np.ndarray) -> None:
+        """`add` of routing already checked (`_checked_rows`): partition by partition, so
+        the rows buffered stay within `_BUFFER_BYTES` and the one partition taken."""
         owned = _groups(owner, np.arange(table.num_rows, dtype=np.int64), self.partitions)
         copied = _groups(copy_partitions, copy_rows, self.partitions)
         for k in range(self.partitions):
             if owned[k].size or copied[k].size:
                 self.put(k, table.take(pa.array(owned[k], pa.int64())),
                          table.take(pa.array(copied[k], pa.int64())))
-
-    def flush(self, k: int) -> None:
-        """Write partition ``k``'s buffered rows now."""
-        self._flush(self._own[k])
-        self._flush(self._borrowed[k])
 
     def close(self) -> Path | str:
         """Write every partition's files and, last, the dataset file.
@@ -339,17 +339,11 @@ def write_dataset(
         TraceFileError: a URL whose filesystem package (or fsspec) is not installed.
         OSError: a file cannot be written.
     """
-    owner, copy_rows, copy_partitions = _checked_rows(table, owner, copy_rows,
-                                                      copy_partitions, partitions)
-    writer = DatasetWriter(out, partitions, key,
+    routing = _checked_rows(table, owner, copy_rows, copy_partitions, partitions)
+    writer = DatasetWriter(out, partitions, key,  # checked first: nothing made for bad rows
                            run_metadata(table) if metadata is None else metadata)
-    owned = _groups(owner, np.arange(table.num_rows, dtype=np.int64), partitions)
-    borrowed = _groups(copy_partitions, copy_rows, partitions)
     try:
-        for k in range(partitions):
-            writer.put(k, table.take(pa.array(owned[k], pa.int64())),
-                       table.take(pa.array(borrowed[k], pa.int64())))
-            writer.flush(k)
+        writer._add(table, *routing)
     except BaseException:
         writer.abort()
         raise
