@@ -262,18 +262,9 @@ def goodput(values: Mapping[str, np.ndarray], failed: int,
     Raises:
         ValueError: an unknown metric, or a limit that is not a positive number.
     """
-    for name, limit in slo_ms.items():
-        if name not in SLO_METRICS:
-            raise ValueError(f"unknown SLO metric {name!r}; choose from {SLO_METRICS}")
-        if not limit > 0:
-            raise ValueError(f"the {name} SLO must be a positive number of ms, not {limit!r}")
-    meets = np.ones(len(values["ttft_ns"]), bool)
-    for name in (n for n in SLO_METRICS if n in slo_ms):
-        measured = values[f"{name}_ns"]
-        lacking = np.isnan(measured) if measured.dtype.kind == "f" else measured == NONE_NS
-        meets &= lacking | (measured <= slo_ms[name] * _NS_PER_MS)
-    meeting = int(meets.sum())
-    total = len(meets) + failed
+    check_slo(slo_ms)
+    meeting = meeting_slo(values, slo_ms)
+    total = len(values["ttft_ns"]) + failed
     found = load(values)
     return {
         "slo": {f"{n}_ms": float(slo_ms[n]) for n in SLO_METRICS if n in slo_ms},
@@ -281,3 +272,22 @@ def goodput(values: Mapping[str, np.ndarray], failed: int,
         "share": meeting / total if total else 0.0,
         "per_s": found.per_s(meeting) if found is not None else None,
     }
+
+
+def check_slo(slo_ms: Mapping[str, float]) -> None:
+    """Raises ValueError for an unknown metric or a limit that is not a positive number."""
+    for name, limit in slo_ms.items():
+        if name not in SLO_METRICS:
+            raise ValueError(f"unknown SLO metric {name!r}; choose from {SLO_METRICS}")
+        if not limit > 0:
+            raise ValueError(f"the {name} SLO must be a positive number of ms, not {limit!r}")
+
+
+def meeting_slo(values: Mapping[str, np.ndarray], slo_ms: Mapping[str, float]) -> int:
+    """How many requests of `load_values` meet every SLO (the module docstring)."""
+    meets = np.ones(len(values["ttft_ns"]), bool)
+    for name in (n for n in SLO_METRICS if n in slo_ms):
+        measured = values[f"{name}_ns"]
+        lacking = np.isnan(measured) if measured.dtype.kind == "f" else measured == NONE_NS
+        meets &= lacking | (measured <= slo_ms[name] * _NS_PER_MS)
+    return int(meets.sum())

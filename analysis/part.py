@@ -38,16 +38,18 @@ import pyarrow.compute as pc
 from ttft.analysis import _column_arrays as col
 from ttft.analysis import clocks
 from ttft.analysis._grouping import decode
+from ttft.analysis._part_figures import PartRows
 from ttft.analysis._trees import CODE
 from ttft.analysis.assemble import Assembly, assemble
 from ttft.analysis.attribution import Attribution, attribute
 from ttft.analysis.blame import blame
+from ttft.analysis.order_stats import InMemory, PartSet
 from ttft.analysis.prefill import prefill_points
 from ttft.analysis.quality import Quality
 from ttft.analysis.regime import ENGINE_INFO, RegimeSetup, regime, regime_setup
-from ttft.analysis.request_values import RequestValues, request_values, stack_frames, stacked
+from ttft.analysis.request_values import RequestValues, request_values, stack_frames
 from ttft.analysis.result import Analysis, ReportRows
-from ttft.analysis.summary import summarize
+from ttft.analysis.summary import summary_of
 from ttft.tracer.schema import (
     ATTR_DECODE_TOKENS,
     ATTR_PREFILL_TOKENS,
@@ -58,8 +60,10 @@ from ttft.tracer.schema import (
     run_metadata,
 )
 
-__all__ = ["Part", "ReportInputs", "Survey", "analyze_part", "assemble_table", "attribute_part",
-           "default_boundary", "global_steps", "locate", "merge", "own_rows",
+__all__ = ["Part", "PartHeader", "ReportInputs", "StackedAttribution", "Survey",
+           "analyze_part", "assemble_table", "attribute_part",
+           "default_boundary", "global_steps", "locate", "merge", "merge_rows",
+           "merged_quality", "own_rows",
            "reattributed", "regime_inputs", "report_rows", "survey", "with_report"]
 
 _STEP_KEYS = (ATTR_STEP_ID, ATTR_PREFILL_TOKENS, ATTR_DECODE_TOKENS)
@@ -264,24 +268,54 @@ def _requests_of(attr: Attribution) -> int:
     return len(attr.requests) + len(attr.failed) + attr.quality.counts["no_window"]
 
 
-def _merged_attribution(attrs: Sequence[Attribution],
-                        offsets: Sequence[clocks.ClockOffset] | None) -> Attribution:
-    if len({(a.boundary, a.policy) for a in attrs}) != 1:
-        raise ValueError("parts were attributed at different boundaries or policies")
+def merged_quality(qualities: Sequence[Quality],
+                   offsets: Sequence[clocks.ClockOffset] | None) -> Quality:
+    """The parts' defects together, with the trace's clock offsets (None: the one part's)."""
     quality = Quality()  # the first part alone carries the importer's rejected spans
-    for attr in attrs:
-        quality = quality.merged(attr.quality)
-    quality.clocks = list(attrs[0].quality.clocks if offsets is None else offsets)
-    counts = [_requests_of(attr) for attr in attrs]
-    return Attribution(
-        attrs[0].boundary, attrs[0].policy,
-        stack_frames([a.requests for a in attrs], counts),
-        stack_frames([a.attributed for a in attrs]),
-        stack_frames([a.covered for a in attrs]),
-        stack_frames([a.raw for a in attrs]),
-        quality,
-        stack_frames([a.failed for a in attrs], counts),
-    )
+    for found in qualities:
+        quality = quality.merged(found)
+    quality.clocks = list(qualities[0].clocks if offsets is None else offsets)
+    return quality
+
+
+@dataclass(frozen=True)
+class PartHeader:
+    """What merging needs of a part besides its rows: its boundary and policy, defects,
+    number of requests and the boundaries its requests support."""
+
+    boundary: str
+    policy: str
+    quality: Quality
+    requests: int
+    boundaries: tuple[str, ...]
+
+    @classmethod
+    def of(cls, part: Part) -> PartHeader:
+        attr = part.attribution
+        return cls(attr.boundary, attr.policy, attr.quality, _requests_of(attr),
+                   part.boundaries)
+
+
+class StackedAttribution(Attribution):
+    """The `Attribution` of a trace's parts: boundary, policy and merged defects at once;
+    its per-request frames stacked from the parts (``request`` indices moved past the
+    parts before) only when first read, so a summary never needs them."""
+
+    _FRAMES = ("requests", "attributed", "covered", "raw", "failed")
+
+    def __init__(self, boundary: str, policy: str, quality: Quality, rows: PartSet,
+                 counts: Sequence[int]) -> None:
+        self.boundary, self.policy, self.quality = boundary, policy, quality
+        self._rows, self._counts = rows, list(counts)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in StackedAttribution._FRAMES or "_rows" not in self.__dict__:
+            raise AttributeError(name)
+        attrs = self._rows.map(lambda p: p.attribution)
+        for frame in StackedAttribution._FRAMES:
+            counts = self._counts if frame in ("requests", "failed") else None
+            self.__dict__[frame] = stack_frames([getattr(a, frame) for a in attrs], counts)
+        return self.__dict__[name]
 
 
 def _merged_report(parts: Sequence[Part]) -> ReportRows | None:
@@ -305,7 +339,8 @@ def merge(parts: Sequence[Part], *, offsets: Sequence[clocks.ClockOffset] | None
           slo: Mapping[str, float] | None = None,
           inputs: list[dict[str, Any]] | None = None,
           regime: RegimeSetup | None = None) -> Analysis:
-    """The one `Analysis` of a trace from its parts, all at one boundary and policy.
+    """The one `Analysis` of a trace from its parts, all at one boundary and policy: `merge_rows`
+    of their rows in memory, with their report rows and (one part) its assembly.
 
     Args:
         parts: every table's `Part`, in order.
@@ -322,17 +357,45 @@ def merge(parts: Sequence[Part], *, offsets: Sequence[clocks.ClockOffset] | None
     """
     if not parts:
         raise ValueError("no parts to merge")
+    rows = InMemory([PartRows(part.attribution, part.values) for part in parts])
+    return merge_rows(rows, [PartHeader.of(part) for part in parts], offsets=offsets,
+                      metadata=metadata, trace=trace, slo=slo, inputs=inputs, regime=regime,
+                      report=_merged_report(parts),
+                      assembly=parts[0].assembly if len(parts) == 1 else None)
+
+
+def merge_rows(rows: PartSet, headers: Sequence[PartHeader], *,
+               offsets: Sequence[clocks.ClockOffset] | None = None,
+               metadata: dict[str, Any] | None = None, trace: str = "",
+               slo: Mapping[str, float] | None = None,
+               inputs: list[dict[str, Any]] | None = None,
+               regime: RegimeSetup | None = None, report: ReportRows | None = None,
+               assembly: Assembly | None = None) -> Analysis:
+    """The `Analysis` of a trace's parts from their ``PartRows`` where they are kept
+    (``order_stats.PartSet``: in memory, or spilled by a driver that holds none of their
+    requests) and their `PartHeader` s; its summary is ``summary_of`` the rows, its
+    attribution a `StackedAttribution` of them. Arguments as `merge`'s.
+
+    Raises:
+        ValueError: no parts, parts attributed at different boundaries or policies, or an
+            unknown SLO metric.
+    """
+    if not headers:
+        raise ValueError("no parts to merge")
+    if len({(h.boundary, h.policy) for h in headers}) != 1:
+        raise ValueError("parts were attributed at different boundaries or policies")
     metadata = metadata or {}
     version = metadata.get("schema_version", SCHEMA_VERSION)
-    attr = _merged_attribution([part.attribution for part in parts], offsets)
-    summary = summarize(attr, stacked([part.values for part in parts]), trace=trace,
-                        schema_version=version if isinstance(version, int) else SCHEMA_VERSION,
-                        slo=slo)
+    boundary, policy = headers[0].boundary, headers[0].policy
+    quality = merged_quality([h.quality for h in headers], offsets)
+    summary = summary_of(rows, boundary, policy, quality, trace=trace,
+                         schema_version=version if isinstance(version, int) else SCHEMA_VERSION,
+                         slo=slo)
     summary.inputs = inputs
     supported = tuple(name for name in BOUNDARY_NAMES
-                      if any(name in part.boundaries for part in parts))
-    return Analysis(attr, summary, metadata, slo or None, supported, _merged_report(parts),
-                    regime, parts[0].assembly if len(parts) == 1 else None)
+                      if any(name in h.boundaries for h in headers))
+    attr = StackedAttribution(boundary, policy, quality, rows, [h.requests for h in headers])
+    return Analysis(attr, summary, metadata, slo or None, supported, report, regime, assembly)
 
 
 def locate(parts: Sequence[Part], request: int) -> tuple[int, int]:

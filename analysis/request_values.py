@@ -3,7 +3,7 @@
 A summary needs, besides each request's parts (``Attribution``), three tables of values per
 request: what happened after its first token (``analysis.after_first_token``), its load
 figures (``analysis.load``) and its K/V transfer (``analysis.transfer``). They are taken
-from one assembly (`request_values`) and stacked over the parts of a trace (`stacked`), so a
+from one assembly (`request_values`) and read part by part (``order_stats.PartSet``), so a
 summary never reads an assembly: it is built from the values alone, whether they came from
 one table or from a dataset's partitions (docs/architecture.md, "One program").
 """
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ttft.analysis.after_first_token import KEYS, after_first_token_values
+from ttft.analysis.after_first_token import after_first_token_values
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.load import VALUE_KEYS, load_values
+from ttft.analysis.load import load_values
 from ttft.analysis.transfer import transfers
 
-__all__ = ["RequestValues", "request_values", "stack_frames", "stacked"]
+__all__ = ["RequestValues", "request_values", "stack_frames"]
 
 
 @dataclass
@@ -54,14 +54,3 @@ def stack_frames(frames: Sequence[pd.DataFrame], counts: Sequence[int] | None = 
                   for f, first in zip(frames, firsts, strict=True)]
     kept = [f for f in frames if len(f)] or frames[:1]
     return pd.concat(kept, ignore_index=True)
-
-
-def stacked(values: Sequence[RequestValues]) -> RequestValues:
-    """The values of parts whose attributions are stacked in this order."""
-    if len(values) == 1:
-        return values[0]
-    return RequestValues(
-        {key: np.concatenate([v.after_first_token[key] for v in values]) for key in KEYS},
-        {key: np.concatenate([v.load[key] for v in values]) for key in VALUE_KEYS},
-        stack_frames([v.transfers for v in values]),
-    )

@@ -21,29 +21,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ttft.analysis._part_figures import PartRows, stages
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.load import goodput
+from ttft.analysis.load import SLO_METRICS, check_slo, meeting_slo
+from ttft.analysis.order_stats import InMemory, PartSet, medians, percentiles
 
-__all__ = ["MAX_EXHAUSTIVE", "goodput_summary", "slo_attribution"]
+__all__ = ["MAX_EXHAUSTIVE", "goodput_summary", "slo_attribution", "slo_figures"]
 
 MAX_EXHAUSTIVE = 50_000_000
 """Largest (sets × requests) one size of the exhaustive search may evaluate."""
 _NS_PER_MS = 1e6
 
 
-def _medians(att: np.ndarray, conditions: np.ndarray) -> np.ndarray:
-    """Per request and stage, the median attributed ns among the requests of its
-    condition."""
-    out = np.zeros(att.shape, np.float64)
-    keys = np.where(pd.isna(conditions), "", conditions).astype(str)
-    for key in np.unique(keys):
-        mine = keys == key
-        out[mine] = np.median(att[mine], axis=0)
-    return out
+def _condition_keys(p: PartRows) -> np.ndarray:
+    conditions = p.conditions
+    return np.where(pd.isna(conditions), "", conditions).astype(str)
 
 
-def _p99(ttft_ns: np.ndarray) -> float:
-    return float(np.percentile(ttft_ns, 99))
+def _p99s(parts: PartSet, columns: list) -> list[float]:
+    return [float(found[0]) for found in percentiles(parts, columns, [99])]
 
 
 def slo_attribution(attr: Attribution, slo_ms: float) -> dict[str, Any] | None:
@@ -58,79 +54,133 @@ def slo_attribution(attr: Attribution, slo_ms: float) -> dict[str, Any] | None:
         median does not) with ``p99_after_ms`` and ``search`` (``exhaustive`` or
         ``greedy``).
     """
-    ttft = attr.requests["ttft_ns"].to_numpy(np.int64)
-    if len(ttft) == 0:
+    from ttft.analysis.request_values import RequestValues
+
+    empty = RequestValues({}, {}, pd.DataFrame())
+    return slo_figures(InMemory([PartRows(attr, empty)]), slo_ms)
+
+
+def slo_figures(parts: PartSet, slo_ms: float) -> dict[str, Any] | None:
+    """`slo_attribution` of the requests of a `PartSet` of ``PartRows``."""
+    n = sum(parts.map(lambda p: len(p.ttft)))
+    if n == 0:
         return None
     slo_ns = slo_ms * _NS_PER_MS
-    att_all = attr.attributed.to_numpy(np.int64)
-    used = (att_all > 0).any(axis=0)
-    names = list(np.asarray(attr.attributed.columns)[used])
-    att = att_all[:, used]
-    median = _medians(att, attr.requests["condition"].to_numpy(dtype=object))
-    miss = ttft > slo_ns
-    missing = int(miss.sum())
-    rescued = ((ttft[miss, None] - att[miss] + median[miss]) <= slo_ns).sum(axis=0)
-    stages = {
-        name: {"rescued": int(n), "share": float(n / missing) if missing else 0.0}
-        for name, n in zip(names, rescued, strict=True)
+    used = np.flatnonzero(np.any(parts.map(lambda p: (p.att > 0).any(axis=0)), axis=0))
+    names = list(stages(parts)[used])
+    keys = sorted(set().union(*parts.map(lambda p: set(_condition_keys(p)))))
+    found = medians(parts, [(lambda p, key=key, j=j: p.att[_condition_keys(p) == key, j])
+                            for key in keys for j in used])
+    table = np.asarray([np.nan if m is None else m for m in found],
+                       np.float64).reshape(len(keys), len(used))
+
+    def median(p: PartRows) -> np.ndarray:
+        """Per request and stage, the median attributed ns of its condition."""
+        if "median" not in p.cache:
+            out = np.zeros((len(p.ttft), len(used)), np.float64)
+            mine = _condition_keys(p)
+            for k, key in enumerate(keys):
+                out[mine == key] = table[k]
+            p.cache["median"] = out
+        return p.cache["median"]
+
+    def rescued(p: PartRows) -> tuple[int, np.ndarray]:
+        miss = p.ttft > slo_ns
+        att = p.att[:, used]
+        return int(miss.sum()), ((p.ttft[miss, None] - att[miss] + median(p)[miss])
+                                 <= slo_ns).sum(axis=0)
+
+    counts = parts.map(rescued)
+    missing = sum(c[0] for c in counts)
+    saved = np.sum([c[1] for c in counts], axis=0)
+    stage_shares = {
+        name: {"rescued": int(k), "share": float(k / missing) if missing else 0.0}
+        for name, k in zip(names, saved, strict=True)
     }
-    stages = dict(sorted(stages.items(), key=lambda kv: (-kv[1]["rescued"], kv[0])))
-    cut = np.maximum(att - median, 0)  # what cutting each stage to its median saves
-    chosen, after, search = _smallest_set(ttft, cut, slo_ns)
+    stage_shares = dict(sorted(stage_shares.items(), key=lambda kv: (-kv[1]["rescued"], kv[0])))
+
+    def cut(p: PartRows) -> np.ndarray:
+        """What cutting each stage to its median saves, per request."""
+        if "cut" not in p.cache:
+            p.cache["cut"] = np.maximum(p.att[:, used] - median(p), 0)
+        return p.cache["cut"]
+
+    chosen, after, search = _smallest_set(parts, n, cut, len(used), slo_ns)
+    (p99_ms,) = percentiles(parts, [lambda p: p.ttft / _NS_PER_MS], [99])
     return {
         "slo_ms": slo_ms,
-        "requests": int(len(ttft)),
+        "requests": int(n),
         "missing": missing,
-        "stages": stages,
-        "p99_ms": float(np.percentile(ttft / _NS_PER_MS, 99)),  # as the summary's
+        "stages": stage_shares,
+        "p99_ms": float(p99_ms[0]),  # as the summary's
         "smallest_set": None if chosen is None else [names[i] for i in chosen],
         "p99_after_ms": after / _NS_PER_MS,
         "search": search,
     }
 
 
-def _smallest_set(ttft: np.ndarray, cut: np.ndarray, slo_ns: float
+def _smallest_set(parts: PartSet, n: int, cut: Any, n_stages: int, slo_ns: float
                   ) -> tuple[list[int] | None, float, str]:
     """The fewest columns of ``cut`` whose savings bring p99 under ``slo_ns``."""
-    now = _p99(ttft)
+    (now,) = _p99s(parts, [lambda p: p.ttft])
     if now <= slo_ns:
         return [], now, "exhaustive"
-    n_stages = cut.shape[1]
-    best_all = _p99(ttft - cut.sum(axis=1))
+    (best_all,) = _p99s(parts, [lambda p: p.ttft - cut(p).sum(axis=1)])
     if best_all > slo_ns:
         return None, best_all, "exhaustive"
     for size in range(1, n_stages + 1):
         sets = list(combinations(range(n_stages), size))
-        if len(sets) * len(ttft) > MAX_EXHAUSTIVE:
-            return _greedy(ttft, cut, slo_ns)
-        scored = [(_p99(ttft - cut[:, list(s)].sum(axis=1)), s) for s in sets]
-        p99, best = min(scored)
+        if len(sets) * n > MAX_EXHAUSTIVE:
+            return _greedy(parts, cut, n_stages, slo_ns)
+        found = _p99s(parts, [(lambda p, s=s: p.ttft - cut(p)[:, list(s)].sum(axis=1))
+                              for s in sets])
+        p99, best = min(zip(found, sets, strict=True))
         if p99 <= slo_ns:
             return list(best), p99, "exhaustive"
     return None, best_all, "exhaustive"  # not reached: the full set meets it
 
 
-def _greedy(ttft: np.ndarray, cut: np.ndarray, slo_ns: float
+def _greedy(parts: PartSet, cut: Any, n_stages: int, slo_ns: float
             ) -> tuple[list[int] | None, float, str]:
     chosen: list[int] = []
-    current = ttft.astype(np.int64)
-    p99 = _p99(current)
+
+    def current(p: PartRows) -> np.ndarray:
+        out = p.ttft.astype(np.int64)
+        for i in chosen:
+            out = out - cut(p)[:, i]
+        return out
+
+    (p99,) = _p99s(parts, [current])
     while p99 > slo_ns:
-        left = [i for i in range(cut.shape[1]) if i not in chosen]
-        p99, pick = min((_p99(current - cut[:, i]), i) for i in left)
+        left = [i for i in range(n_stages) if i not in chosen]
+        found = _p99s(parts, [(lambda p, i=i: current(p) - cut(p)[:, i]) for i in left])
+        p99, pick = min(zip(found, left, strict=True))
         chosen.append(pick)
-        current = current - cut[:, pick]
     return chosen, p99, "greedy"
 
 
-def goodput_summary(attr: Attribution, loads: Mapping[str, np.ndarray],
-             slo: Mapping[str, float] | None) -> dict[str, Any] | None:
-    """``Summary.goodput`` (``analysis.load.goodput``); with a TTFT SLO also
+def goodput_summary(parts: PartSet, slo: Mapping[str, float] | None,
+                    duration_ns: int | None) -> dict[str, Any] | None:
+    """``Summary.goodput`` of a `PartSet` of ``PartRows`` (``analysis.load.goodput``,
+    ``per_s`` over the run's ``duration_ns``, None without one); with a TTFT SLO also
     ``ttft_stages``: which stages stand between the requests that miss it and the SLO
-    (`slo_attribution`). None without SLOs."""
+    (`slo_figures`). None without SLOs.
+
+    Raises:
+        ValueError: an unknown metric, or a limit that is not a positive number.
+    """
     if not slo:
         return None
-    out = dict(goodput(loads, len(attr.failed), slo))
+    check_slo(slo)
+    meeting = sum(parts.map(lambda p: meeting_slo(p.values.load, slo)))
+    total = sum(parts.map(lambda p: len(p.ttft) + len(p.attribution.failed)))
+    out: dict[str, Any] = {
+        "slo": {f"{n}_ms": float(slo[n]) for n in SLO_METRICS if n in slo},
+        "requests": meeting,
+        "share": meeting / total if total else 0.0,
+        "per_s": (meeting / (duration_ns / 1e9)
+                  if duration_ns is not None and duration_ns > 0 else None),
+    }
     if "ttft" in slo:
-        out["ttft_stages"] = slo_attribution(attr, slo["ttft"])
+        out["ttft_stages"] = slo_figures(parts, slo["ttft"])
     return out

@@ -16,17 +16,30 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ttft.analysis.after_first_token import summarize_values
+from ttft.analysis._part_figures import (
+    PERCENTILES,
+    PartRows,
+    after_first_token,
+    failed_first_token,
+    failure_counts,
+    failure_examples,
+    kv_transfer,
+    load_figures,
+    ms_figures,
+    stage_rows,
+    tail_rows,
+)
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.load import load
-from ttft.analysis.quality import EXAMPLES_KEPT
+from ttft.analysis.load import check_slo
+from ttft.analysis.order_stats import InMemory, PartSet
+from ttft.analysis.quality import Quality
 from ttft.analysis.request_values import RequestValues
 from ttft.analysis.slo import goodput_summary
-from ttft.analysis.transfer import transfer_summary
-from ttft.tracer.schema import CONDITIONS, OUTCOMES, SCHEMA_VERSION
+from ttft.tracer.schema import CONDITIONS, SCHEMA_VERSION
 
 _NS_PER_MS = 1e6
-PERCENTILES = (50, 90, 99)
+__all__ = ["BANDS", "PERCENTILES", "Summary", "clock_list", "percentile_bands",
+           "stage_table", "summarize", "summary_of", "tail_mix"]
 
 
 def _mean_ms(ns: np.ndarray, axis: int | None = None) -> np.ndarray | float:
@@ -57,51 +70,19 @@ def stage_table(attr: Attribution, rows: np.ndarray | None = None) -> pd.DataFra
         One row per stage (index: stage name), columns ``p50, p90, p99, mean, share,
         raw_mean, overlap_mean`` (ms, ``share`` a fraction), in canonical stage order.
     """
-    att = attr.attributed.to_numpy()
-    raw = attr.raw.to_numpy()
-    ttft = attr.requests["ttft_ns"].to_numpy()
-    if rows is not None:
-        att, raw, ttft = att[rows], raw[rows], ttft[rows]
-    columns = ["p50", "p90", "p99", "mean", "share", "raw_mean", "overlap_mean"]
-    if len(ttft) == 0:
-        return pd.DataFrame(columns=columns, dtype=float)
-    used = (att > 0).any(axis=0) | (raw > 0).any(axis=0)
-    names = np.asarray(attr.attributed.columns)[used]
-    att, raw = att[:, used], raw[:, used]
-    total = float(ttft.sum())
-    ms = att / _NS_PER_MS
-    table = pd.DataFrame(
-        np.percentile(ms, PERCENTILES, axis=0).T if len(ms) else np.zeros((len(names), 3)),
-        index=names,
-        columns=["p50", "p90", "p99"],
-    )
-    table["mean"] = _mean_ms(att, axis=0)
-    table["share"] = att.sum(axis=0) / total if total > 0 else 0.0
-    table["raw_mean"] = _mean_ms(raw, axis=0)
-    # From integer sums, so a stage without overlap shows exactly 0.
-    table["overlap_mean"] = (raw.sum(axis=0) - att.sum(axis=0)) / len(ttft) / _NS_PER_MS
-    table.index.name = "stage"
-    return table[columns]
+    return stage_rows(_one(attr), None if rows is None else (lambda _: rows))
 
 
 def tail_mix(attr: Attribution) -> pd.DataFrame:
     """Mean attributed ms per stage for the tail (TTFT at or above its p99) against the
     middle (TTFT between its p40 and p60; when no request lies there, as with a few
     requests, the ones nearest the median): columns ``tail_mean``, ``median_mean``."""
-    ttft = attr.requests["ttft_ns"].to_numpy()
-    if len(ttft) == 0:
-        return pd.DataFrame(columns=["tail_mean", "median_mean"], dtype=float)
-    p40, p50, p60, p99 = np.percentile(ttft, [40, 50, 60, 99])
-    att = attr.attributed.to_numpy()
-    used = (att > 0).any(axis=0)
-    tail = _mean_ms(att[ttft >= p99][:, used], axis=0)
-    band = (ttft >= p40) & (ttft <= p60)
-    if not band.any():
-        distance = np.abs(ttft - p50)
-        band = distance == distance.min()
-    middle = _mean_ms(att[band][:, used], axis=0)
-    names = np.asarray(attr.attributed.columns)[used]
-    return pd.DataFrame({"tail_mean": tail, "median_mean": middle}, index=names)
+    return tail_rows(_one(attr))
+
+
+def _one(attr: Attribution, values: RequestValues | None = None) -> InMemory:
+    """One attribution (and its values) as the one part of a `PartSet`."""
+    return InMemory([PartRows(attr, values or RequestValues({}, {}, pd.DataFrame()))])
 
 
 def _stages_dict(table: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -204,14 +185,12 @@ def summarize(
     schema_version: int = SCHEMA_VERSION,
     slo: Mapping[str, float] | None = None,
 ) -> Summary:
-    """Summarize an attribution and its requests' values (see `Summary`): built from
-    per-request values alone, so one table and a dataset's merged partitions give one
-    summary.
+    """Summarize an attribution and its requests' values (see `Summary`): `summary_of`
+    them as one part.
 
     Args:
         attr: the attribution to summarize.
-        values: its requests' `RequestValues` (``request_values`` of one assembly, or
-            ``stacked`` over parts).
+        values: its requests' `RequestValues` (``request_values`` of its assembly).
         trace: the trace's path, echoed back.
         schema_version: the trace file's schema version.
         slo: a limit in ms per metric (``ttft``, ``tpot``, ``itl``, ``e2e``) for goodput;
@@ -220,89 +199,90 @@ def summarize(
     Raises:
         ValueError: an unknown SLO metric or a limit that is not positive.
     """
-    loads = values.load
-    ttft = attr.requests["ttft_ns"].to_numpy()
-    conditions = attr.requests["condition"].to_numpy()
-    failed = attr.failed
+    return summary_of(_one(attr, values), attr.boundary, attr.policy, attr.quality,
+                      trace=trace, schema_version=schema_version, slo=slo)
+
+
+def summary_of(parts: PartSet, boundary: str, policy: str, quality: Quality, *,
+               trace: str = "", schema_version: int = SCHEMA_VERSION,
+               slo: Mapping[str, float] | None = None) -> Summary:
+    """The `Summary` of a trace's parts (a `PartSet` of ``PartRows``, one per table, all
+    attributed at ``boundary`` and ``policy``; ``quality`` their merged defects and clock
+    offsets): built from reductions over the parts alone (``analysis._part_figures``), so
+    one table and a dataset's partitions give one summary, and merging partitions holds
+    none of their requests.
+
+    Raises:
+        ValueError: an unknown SLO metric or a limit that is not positive.
+    """
+    if slo:
+        check_slo(slo)
+    counts = parts.map(lambda p: (len(p.ttft), len(p.attribution.failed),
+                                  {c: int((p.conditions == c).sum()) for c in CONDITIONS}))
+    n_ok = sum(c[0] for c in counts)
     by_condition = {}
     for cond in CONDITIONS:
-        mask = conditions == cond
-        if mask.any():
+        n = sum(c[2][cond] for c in counts)
+        if n:
+            def mine(p: PartRows, cond: str = cond) -> np.ndarray:
+                return p.conditions == cond
+
             by_condition[cond] = {
-                "requests": int(mask.sum()),
-                "ttft_ms": _ms(ttft[mask]),
-                "stages": _stages_dict(stage_table(attr, mask)),
-                "failures": _failure_counts(failed[failed["condition"] == cond]),
+                "requests": n,
+                "ttft_ms": ms_figures(parts, lambda p, mine=mine: p.ttft[mine(p)]),
+                "stages": _stages_dict(stage_rows(parts, mine)),
+                "failures": failure_counts(parts, cond),
             }
-    clocks = clock_list(attr)
+    clocks = clock_list(quality)
     disagree = any(c["applied"] or c["violations_after"] for c in clocks)
+    failures = failure_counts(parts)
+    loads = load_figures(parts)
     return Summary(
         trace=trace,
         schema_version=schema_version,
-        boundary=attr.boundary,
-        policy=attr.policy,
-        requests=int(len(ttft) + len(failed)),
-        requests_ok=int(len(ttft)),
-        failures=_failure_counts(failed),
-        failure_examples=_failure_examples(failed),
-        failed_first_token=_failed_first_token(failed),
-        ttft_ms=_ms(ttft) if len(ttft) else None,  # no made-up 0 ms: no ok request had one
-        stages=_stages_dict(stage_table(attr)),
+        boundary=boundary,
+        policy=policy,
+        requests=int(n_ok + sum(c[1] for c in counts)),
+        requests_ok=int(n_ok),
+        failures=failures,
+        failure_examples=failure_examples(parts, failures),
+        failed_first_token=failed_first_token(parts),
+        # no made-up 0 ms: no ok request had one
+        ttft_ms=ms_figures(parts, lambda p: p.ttft) if n_ok else None,
+        stages=_stages_dict(stage_rows(parts)),
         conditions=by_condition,
-        **summarize_values(values.after_first_token),
-        tail=_stages_dict(tail_mix(attr)),
-        quality=dict(attr.quality.counts),
+        **after_first_token(parts),
+        tail=_stages_dict(tail_rows(parts)),
+        quality=dict(quality.counts),
         clocks=clocks if disagree else None,
-        load=load_summary(loads),
-        goodput=goodput_summary(attr, loads, slo),
-        kv_transfer=transfer_summary(values.transfers),
+        load=_load_dict(loads),
+        goodput=goodput_summary(parts, slo, None if loads is None else loads["duration_ns"]),
+        kv_transfer=kv_transfer(parts),
     )
 
 
-def load_summary(values: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
-    """`Summary.load` from ``analysis.load.load_values`` (None without a client span)."""
-    found = load(values)
+def _load_dict(found: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`Summary.load` from ``_part_figures.load_figures`` (None without a client span)."""
     if found is None:
         return None
-    e2e = found.e2e_ns
+    duration = found["duration_ns"]
+
+    def per_s(count: int) -> float | None:
+        return count / (duration / 1e9) if duration > 0 else None
+
+    e2e = found["e2e"]
     return {
-        "duration_s": found.duration_ns / 1e9,
-        "requests": found.requests,
-        "requests_per_s": found.per_s(found.requests),
-        "output_tokens": found.output_tokens,
-        "output_tokens_per_s": found.per_s(found.output_tokens),
-        "e2e_ms": {**_ms(e2e), "requests": int(len(e2e))} if len(e2e) else None,
-        "content_filter": found.content_filter,
+        "duration_s": duration / 1e9,
+        "requests": found["requests"],
+        "requests_per_s": per_s(found["requests"]),
+        "output_tokens": found["output_tokens"],
+        "output_tokens_per_s": per_s(found["output_tokens"]),
+        "e2e_ms": None if e2e is None else {**e2e, "requests": found["requests"]},
+        "content_filter": found["content_filter"],
     }
 
 
-def _failure_counts(failed: pd.DataFrame) -> dict[str, int]:
-    counts = failed["outcome"].value_counts()
-    return {kind: int(counts[kind]) for kind in OUTCOMES if kind in counts.index}
-
-
-def _failure_examples(failed: pd.DataFrame) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for kind in _failure_counts(failed):  # the smallest trace ids: never by row order
-        rows = failed[failed["outcome"] == kind].sort_values("trace_id").head(EXAMPLES_KEPT)
-        out[kind] = [
-            {
-                "trace_id": str(r.trace_id),
-                "status_code": None if pd.isna(r.status_code) else int(r.status_code),
-                "error": None if not isinstance(r.error, str) else r.error,
-            }
-            for r in rows.itertuples(index=False)
-        ]
-    return out
-
-
-def _failed_first_token(failed: pd.DataFrame) -> dict[str, Any] | None:
-    ttft = failed["ttft_ns"].to_numpy(dtype=np.int64)
-    seen = ttft[ttft >= 0]
-    return {"requests": int(len(seen)), "ttft_ms": _ms(seen)} if len(seen) else None
-
-
-def clock_list(attr: Attribution) -> list[dict[str, Any]]:
+def clock_list(quality: Quality) -> list[dict[str, Any]]:
     """The clock offsets of the trace (``analysis.clocks``), one dict per client/server
     clock pair, then per server/worker pair (``client_clock`` is then the server's):
     ``offset_ms`` was applied to the server clock, ``estimate_ms`` is the
@@ -324,7 +304,7 @@ def clock_list(attr: Attribution) -> list[dict[str, Any]]:
             "violations_after": c.violations_after,
             "bounded": c.bounded,
         }
-        for c in attr.quality.clocks
+        for c in quality.clocks
     ]
 
 

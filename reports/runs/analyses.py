@@ -15,7 +15,12 @@ are ``analysis.part``'s, whatever the runner:
 4. for a report, the waterfalls of the median, p99 and slowest requests, from the pieces
    holding them.
 
-The driver holds the merged per-request values, never a piece's spans.
+The driver never holds a piece's spans. Analysing a dataset on Dask (no report), it holds
+none of its requests either: each part is spilled to disk as it comes
+(``order_stats.Spilled``) and the summary is made from reductions over the spilled parts,
+read one at a time, exact percentiles by histogram refinement (``analysis.order_stats``).
+What reads every request (``--per-request``, ``compare``'s bootstrap) stacks them then; a
+report keeps its parts in memory.
 
 Dask (``distributed``) is the ``dask`` extra: ``pip install 'ttft[dask]'``.
 """
@@ -29,10 +34,13 @@ from typing import Any, Union
 
 import pandas as pd
 
+from ttft.analysis._part_figures import PartRows
 from ttft.analysis.clock_offset import ClockOffset
 from ttft.analysis.clocks import offsets_from_bounds
+from ttft.analysis.order_stats import Spilled
 from ttft.analysis.part import (
     Part,
+    PartHeader,
     ReportInputs,
     Survey,
     analyze_part,
@@ -41,6 +49,7 @@ from ttft.analysis.part import (
     global_steps,
     locate,
     merge,
+    merge_rows,
     reattributed,
     regime_inputs,
     survey,
@@ -77,7 +86,8 @@ class InProcess:
     A runner has ``pieces(location)`` (what a location is analysed in: None, the whole
     trace, or partition numbers), ``map(task, location, pieces, *args, each=, on_done=)``
     (``task(location, piece, *args, *each[piece])`` for every piece, results in order,
-    ``on_done`` after each) and ``share(value)`` (a value as every task receives it)."""
+    ``on_done`` after each; with ``sink``, ``sink(piece, result)`` as each comes instead,
+    none kept) and ``share(value)`` (a value as every task receives it)."""
 
     workers = 1
     keeps = True
@@ -87,10 +97,15 @@ class InProcess:
 
     def map(self, task: Callable[..., Any], location: TraceLocation, pieces: Sequence[Piece],
             *args: Any, each: Mapping[Piece, tuple[Any, ...]] | None = None,
-            on_done: Callable[[], None] | None = None) -> list[Any]:
+            on_done: Callable[[], None] | None = None,
+            sink: Callable[[Piece, Any], None] | None = None) -> list[Any]:
         out = []
         for piece in pieces:
-            out.append(task(location, piece, *args, *(each or {}).get(piece, ())))
+            result = task(location, piece, *args, *(each or {}).get(piece, ()))
+            if sink is None:
+                out.append(result)
+            else:
+                sink(piece, result)
             if on_done is not None:
                 on_done()
         return out
@@ -122,18 +137,25 @@ class OnDask:
 
     def map(self, task: Callable[..., Any], location: TraceLocation, pieces: Sequence[Piece],
             *args: Any, each: Mapping[Piece, tuple[Any, ...]] | None = None,
-            on_done: Callable[[], None] | None = None) -> list[Any]:
+            on_done: Callable[[], None] | None = None,
+            sink: Callable[[Piece, Any], None] | None = None) -> list[Any]:
         from distributed import as_completed
 
         futures = {self.client.submit(task, location, k, *args, *(each or {}).get(k, ()),
                                       pure=False): k for k in pieces}
         results: dict[Piece, Any] = {}
-        for future, result in as_completed(list(futures), with_results=True):
-            results[futures.pop(future)] = result
+        for future in as_completed(list(futures)):
+            k = futures.pop(future)
+            result = future.result()
             future.release()
+            if sink is None:
+                results[k] = result
+            else:
+                sink(k, result)
+            del result
             if on_done is not None:
                 on_done()
-        return [results[k] for k in pieces]
+        return [results[k] for k in pieces] if sink is None else []
 
     def share(self, value: Any) -> Any:
         return self.client.scatter(value, broadcast=True)
@@ -241,6 +263,11 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
         ((metadata, inputs, setup),) = run.map(_whole_task, location, pieces, regime,
                                                on_done=on_done)
     report = None if regime is None else ReportInputs(None, setup, rows)
+    if report is None and not run.keeps:
+        analysis = _spilled(location, run, pieces, offsets, boundary, policy, on_done,
+                            metadata=metadata, trace=str(location), slo=slo, inputs=inputs,
+                            regime=setup)
+        return _Run(analysis, [], pieces, offsets, steps)
     keep = run.keeps
     parts = run.map(_part_task, location, pieces, offsets, boundary, policy, report, steps,
                     keep, on_done=on_done)
@@ -254,6 +281,30 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
     analysis = merge(parts, offsets=offsets, metadata=metadata, trace=str(location), slo=slo,
                      inputs=inputs, regime=setup)
     return _Run(analysis, parts, pieces, offsets, steps)
+
+
+def _spilled(location: TraceLocation, run: Runner, pieces: list[Piece],
+             offsets: list[ClockOffset] | None, boundary: str | None, policy: str,
+             on_done: Callable[[], None] | None, **merged: Any) -> Analysis:
+    """The analysis of a dataset's pieces with a driver that holds none of their requests:
+    each part, as it comes, spilled to disk (``order_stats.Spilled``) but for its
+    `PartHeader`; the summary made from the spilled rows (``merge_rows``)."""
+    rows = Spilled()
+    headers: dict[Piece, PartHeader] = {}
+    order = {piece: k for k, piece in enumerate(pieces)}
+
+    def sink(piece: Piece, part: Part) -> None:
+        headers[piece] = PartHeader.of(part)
+        rows.put(order[piece], PartRows(part.attribution, part.values))
+
+    run.map(_part_task, location, pieces, offsets, boundary, policy, None, None, False,
+            on_done=on_done, sink=sink)
+    chosen = boundary or default_boundary(list(headers.values()))
+    again = [k for k in pieces if headers[k].boundary != chosen]
+    if again:
+        run.map(_part_task, location, again, offsets, chosen, policy, None, None, False,
+                sink=sink)
+    return merge_rows(rows, [headers[k] for k in pieces], offsets=offsets, **merged)
 
 
 def analyze_location(location: TraceLocation, run: Runner, *, boundary: str | None = None,

@@ -20,15 +20,19 @@ from hypothesis import strategies as st
 from test_clocks import shifted
 
 from ttft.analysis import analyze
+from ttft.analysis._part_figures import PartRows
 from ttft.analysis.blame import blame, blame_summary
 from ttft.analysis.clocks import offsets_from_bounds
+from ttft.analysis.order_stats import Spilled
 from ttft.analysis.part import (
+    PartHeader,
     ReportInputs,
     analyze_part,
     assemble_table,
     default_boundary,
     global_steps,
     merge,
+    merge_rows,
     own_rows,
     survey,
 )
@@ -514,3 +518,32 @@ def test_a_waterfall_draws_a_moved_gpu_copy_where_attribution_has_it():
             zip(spans.start_ns[copies], spans.end_ns[copies], strict=True))
         drawn += len(gpu)
     assert drawn == 10
+
+
+@pytest.mark.parametrize("partitions", [2, 5])
+def test_spilled_parts_refined_pass_by_pass_give_the_one_process_summary(
+        partitions, tmp_path, monkeypatch):
+    """The driver of a dataset on Dask: each part spilled to disk, at most 3 values fetched
+    around a rank per pass (every percentile refined by histograms), SLOs with a stage
+    search; the same summary as one process, bit for bit, and no request stacked for it."""
+    monkeypatch.setattr(Spilled, "fetch_limit", 3)
+    dataset = synthetic_split(partitions)
+    whole = one_process(synthetic(), None, "exclusive")
+    slo = {"ttft": whole.summary.ttft_ms["p50"], "e2e": 10_000}
+    whole = analyze(synthetic(), trace=TRACE, slo=slo)
+    surveys = [survey(t) for t in dataset]
+    offsets = offsets_from_bounds([s.bounds for s in surveys])
+    parts = [analyze_part(t, offsets=offsets, boundary=whole.attribution.boundary)
+             for t in dataset]
+    rows = Spilled(str(tmp_path))
+    for k in reversed(range(partitions)):  # in any order, read back in part order
+        rows.put(k, PartRows(parts[k].attribution, parts[k].values))
+    merged = merge_rows(rows, [PartHeader.of(p) for p in parts], offsets=offsets,
+                        metadata=surveys[0].metadata, trace=TRACE, slo=slo)
+    assert merged.summary.goodput["ttft_stages"]["missing"] > 0
+    assert merged.summary.to_dict() == whole.summary.to_dict()
+    assert "requests" not in vars(merged.attribution)  # the summary stacked nothing
+    pd.testing.assert_frame_equal(sorted_rows(merged.attribution.per_request()),
+                                  sorted_rows(whole.attribution.per_request()))
+    rows.close()
+    assert not any(tmp_path.iterdir())

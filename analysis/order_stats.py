@@ -1,0 +1,293 @@
+"""Exact percentiles over values spread across parts, without holding them together.
+
+A `PartSet` is a trace's parts where a summary reads them: in this process's memory
+(`InMemory`: one table analysed whole), or spilled to disk as each part arrives and read
+back one at a time (`Spilled`: a dataset's partitions, so the process merging them holds
+no request; docs/architecture.md, "One program"). ``map(fn)`` is ``fn`` of every part, in
+order: every figure of a summary is a reduction of such results.
+
+`percentiles` is numpy's linear percentile (``np.percentile``, bit for bit) of a column of
+values each part gives, found by histogram refinement: one pass counts the values and
+their bounds; while the values between the bounds around a wanted rank are more than a
+part set may fetch (`PartSet.fetch_limit`), a pass counts them in `BINS` bins of the
+values' order-preserving integer keys and keeps the bin holding the rank; then one pass
+fetches the values left around each rank, which give the order statistics, and numpy's
+interpolation between them is the figure. Each pass reads every part once, for every
+column at once; a wanted value is found within a few passes (the bounds shrink `BINS`
+times a pass), whatever the distribution. Memory is O(columns × (`BINS` + fetch limit)).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BINS", "FETCH_LIMIT", "InMemory", "PartSet", "Spilled", "exact_sum", "medians",
+           "percentiles"]
+
+BINS = 1 << 12
+"""Bins of one refinement pass."""
+FETCH_LIMIT = 1 << 15
+"""The most values a spilled part set fetches around one rank in one pass."""
+_FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
+
+Column = Callable[[Any], np.ndarray]
+"""A part's values of one column (1-D, integer, boolean or float)."""
+
+
+class PartSet:
+    """A trace's parts, read where they are kept (see the module docstring)."""
+
+    fetch_limit: int | None = None
+    """The most values fetched around one rank per pass (None: any number)."""
+
+    def map(self, fn: Callable[[Any], Any]) -> list[Any]:
+        """``fn`` of every part, in order."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class InMemory(PartSet):
+    """Parts held in this process (fetching their values costs nothing more)."""
+
+    def __init__(self, parts: Iterable[Any]) -> None:
+        self.parts = list(parts)
+
+    def map(self, fn: Callable[[Any], Any]) -> list[Any]:
+        return [fn(part) for part in self.parts]
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+
+class Spilled(PartSet):
+    """Parts pickled to a temporary directory as they come (`put`, in any order), each
+    read back alone by `map`, in part order: the process holds one part at a time. The
+    files go with ``close``, the context, or this object."""
+
+    fetch_limit = FETCH_LIMIT
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = tempfile.mkdtemp(prefix="ttft-parts-", dir=directory)
+        self._paths: dict[int, str] = {}
+        self._removal = weakref.finalize(self, shutil.rmtree, self.directory, True)
+
+    def put(self, k: int, part: Any) -> None:
+        """Part ``k`` (it replaces one put before)."""
+        path = os.path.join(self.directory, f"{k:06d}.pickle")
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(part, f, protocol=5)
+        os.replace(path + ".tmp", path)
+        self._paths[k] = path
+
+    def add(self, part: Any) -> None:
+        """The next part."""
+        self.put(len(self._paths), part)
+
+    def map(self, fn: Callable[[Any], Any]) -> list[Any]:
+        out = []
+        for k in sorted(self._paths):
+            with open(self._paths[k], "rb") as f:
+                out.append(fn(pickle.load(f)))  # noqa: S301 - this process's own files
+        return out
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def close(self) -> None:
+        self._removal()
+
+    def __enter__(self) -> Spilled:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _keys(values: np.ndarray) -> np.ndarray:
+    """Order-preserving int64 keys of values (floats by their bits, negatives flipped;
+    -0.0 taken as 0.0, which numpy's partition does not tell apart either)."""
+    if values.dtype.kind == "f":
+        bits = np.ascontiguousarray(values + 0.0, np.float64).view(np.int64)
+        return np.where(bits < 0, bits ^ _FLIP, bits)
+    return np.asarray(values, np.int64)
+
+
+def _ranks(n: int, qs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """numpy's linear method: the ranks either side of each percentile and the weight."""
+    virtual = (n - 1) * np.true_divide(np.asarray(qs, np.float64), 100)
+    previous = np.floor(virtual)
+    following = previous + 1
+    above = virtual >= n - 1
+    previous[above] = following[above] = n - 1
+    below = virtual < 0
+    previous[below] = following[below] = 0
+    gamma = virtual - np.where(above, -1, previous)  # as numpy takes it: -1 above the top
+    return previous.astype(np.intp), following.astype(np.intp), gamma
+
+
+def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """numpy's interpolation between neighbouring order statistics."""
+    diff = b - a
+    out = np.add(a, diff * t)
+    np.subtract(b, diff * (1 - t), out=out, where=t >= 0.5, casting="unsafe")
+    return out
+
+
+def percentiles(parts: PartSet, columns: Sequence[Column], qs: Sequence[float]
+                ) -> list[np.ndarray | None]:
+    """``np.percentile(values, qs)`` of each column's values over every part (concatenated
+    in part order), bit for bit; None for a column without values. NaN among a column's
+    values makes every figure of it NaN, as numpy's."""
+    qs = np.asarray(qs, np.float64)
+    stats = _order_statistics(parts, columns, lambda n: np.unique(np.r_[_ranks(n, qs)[:2]]))
+    out: list[np.ndarray | None] = []
+    for found in stats:
+        if found is None or isinstance(found, float):
+            out.append(None if found is None else np.full(len(qs), np.nan))
+            continue
+        n, values = found
+        previous, following, gamma = _ranks(n, qs)
+        out.append(_lerp(np.asarray([values[int(r)] for r in previous]),
+                         np.asarray([values[int(r)] for r in following]), gamma))
+    return out
+
+
+def medians(parts: PartSet, columns: Sequence[Column]) -> list[float | None]:
+    """``np.median`` of each column's values over every part, bit for bit (None: none)."""
+    def middle(n: int) -> np.ndarray:
+        return np.unique([(n - 1) // 2, n // 2])
+
+    out: list[float | None] = []
+    for found in _order_statistics(parts, columns, middle):
+        if found is None or isinstance(found, float):
+            out.append(found)
+            continue
+        n, values = found
+        out.append(float(np.median(np.asarray([values[int(r)] for r in middle(n)]))))
+    return out
+
+
+def exact_sum(values: np.ndarray) -> Any:
+    """The exact sum of float64 values as a ``fractions.Fraction`` (sums of parts add up
+    exactly; ``float`` of the total is ``math.fsum`` of every value)."""
+    from fractions import Fraction
+
+    values = np.asarray(values, np.float64)
+    mantissa, exponent = np.frexp(values)
+    whole = np.ldexp(mantissa, 53).astype(np.int64)  # exact: 53-bit integer mantissas
+    total = Fraction(0)
+    for e in np.unique(exponent):
+        mine = whole[exponent == e]
+        high, low = mine >> 26, mine & ((1 << 26) - 1)  # each sum fits an int64
+        total += Fraction((int(high.sum()) << 26) + int(low.sum())) * Fraction(2) ** int(e - 53)
+    return total
+
+
+def _order_statistics(parts: PartSet, columns: Sequence[Column],
+                      wanted: Callable[[int], np.ndarray]
+                      ) -> list[tuple[int, dict[int, Any]] | float | None]:
+    """Per column: None (no values), NaN (a value is NaN), else ``(n, {rank: value})``
+    for the ranks ``wanted(n)`` names, values in the column's dtype."""
+    def bounds(part: Any) -> list[tuple[int, int, int, int, Any]]:
+        out = []
+        for column in columns:
+            values = np.asarray(column(part))
+            nan = int(np.isnan(values).sum()) if values.dtype.kind == "f" else 0
+            keys = _keys(values)
+            out.append((len(values), nan, int(keys.min()) if len(keys) else 0,
+                         int(keys.max()) if len(keys) else 0, values.dtype))
+        return out
+
+    seen = parts.map(bounds)
+    result: list[Any] = []
+    windows: dict[tuple[int, int, int], list[Any]] = {}  # (column, lo, hi) -> [below, n, ranks]
+    dtypes: dict[int, Any] = {}
+    for c in range(len(columns)):
+        mine = [found[c] for found in seen if found[c][0]]
+        n = sum(found[0] for found in mine)
+        if n == 0:
+            result.append(None)
+        elif any(found[1] for found in mine):
+            result.append(float("nan"))
+        else:
+            dtypes[c] = np.result_type(*(found[4] for found in mine))
+            result.append((n, {}))
+            lo, hi = min(found[2] for found in mine), max(found[3] for found in mine)
+            windows[(c, lo, hi)] = [0, n, [int(r) for r in wanted(n)]]
+    limit = parts.fetch_limit
+    while windows:
+        fetch = {key: w for key, w in windows.items()
+                 if key[1] == key[2] or limit is None or w[1] <= limit}
+        split = {key: w for key, w in windows.items() if key not in fetch}
+        for (c, lo, _), (_, _, ranks) in [(k, w) for k, w in fetch.items() if k[1] == k[2]]:
+            for r in ranks:
+                result[c][1][r] = _value(lo, dtypes[c])
+        fetch = {key: w for key, w in fetch.items() if key[1] != key[2]}
+        inner = {key: _inner_edges(key[1], key[2]) for key in split}
+        answers = parts.map(lambda part, fetch=fetch, inner=inner:
+                            _pass(part, columns, fetch, inner))
+        for i, ((c, _, _), (below, _, ranks)) in enumerate(fetch.items()):
+            keys = np.concatenate([a[0][i] for a in answers])
+            kth = np.asarray(ranks) - below
+            keys = np.partition(keys, kth) if len(kth) < len(keys) else np.sort(keys)
+            for r, k in zip(ranks, kth, strict=True):
+                result[c][1][r] = _value(int(keys[k]), dtypes[c])
+        windows = {}
+        for i, (key, (below, _, ranks)) in enumerate(split.items()):
+            counts = np.sum([a[1][i] for a in answers], axis=0)
+            firsts = below + np.concatenate([[0], np.cumsum(counts)[:-1]])
+            edges = [key[1], *inner[key].tolist(), key[2] + 1]
+            for r in ranks:
+                b = int(np.searchsorted(firsts, r, side="right")) - 1
+                window = windows.setdefault((key[0], edges[b], edges[b + 1] - 1),
+                                            [int(firsts[b]), int(counts[b]), []])
+                window[2].append(r)
+    return result
+
+
+def _inner_edges(lo: int, hi: int) -> np.ndarray:
+    """The `BINS` - 1 inner edges of integer keys ``lo..hi`` (bin b: ``edges[b]`` to
+    ``edges[b+1] - 1``; empty bins where the keys are fewer than the bins)."""
+    span = hi - lo + 1
+    return np.asarray([lo + span * b // BINS for b in range(1, BINS)], np.int64)
+
+
+def _pass(part: Any, columns: Sequence[Column], fetch: dict, inner: dict
+          ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """One part's answer to a refinement pass: the keys in each window to fetch, and the
+    counts per bin of each window to split."""
+    keys_of: dict[int, np.ndarray] = {}
+
+    def keys(c: int) -> np.ndarray:
+        if c not in keys_of:
+            keys_of[c] = _keys(np.asarray(columns[c](part)))
+        return keys_of[c]
+
+    fetched = []
+    for c, lo, hi in fetch:
+        k = keys(c)
+        fetched.append(k[(k >= lo) & (k <= hi)])
+    counts = []
+    for (c, lo, hi), edges in inner.items():
+        k = keys(c)
+        k = k[(k >= lo) & (k <= hi)]
+        counts.append(np.bincount(np.searchsorted(edges, k, side="right"), minlength=BINS))
+    return fetched, counts
+
+
+def _value(key: int, dtype: Any) -> Any:
+    """The value of an order-preserving key (`_keys`) in ``dtype``."""
+    if np.dtype(dtype).kind == "f":
+        bits = np.int64(key)
+        return np.asarray(bits ^ _FLIP if bits < 0 else bits).view(np.float64)[()]
+    return np.asarray(key).astype(dtype)[()]

@@ -1,0 +1,134 @@
+"""Exact percentiles over parts (analysis.order_stats): numpy's, bit for bit, however the
+values are split and however few may be fetched at once."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ttft.analysis import order_stats
+from ttft.analysis.order_stats import InMemory, Spilled, exact_sum, medians, percentiles
+
+
+class Tight(InMemory):
+    """Parts in memory that fetch at most a few values per rank: every pass refines."""
+
+    def __init__(self, parts, limit):
+        super().__init__(parts)
+        self.fetch_limit = limit
+        self.passes = 0
+
+    def map(self, fn):
+        self.passes += 1
+        return super().map(fn)
+
+
+def split(values: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
+    return np.split(values, sorted({min(c, len(values)) for c in cuts}))
+
+
+ints = st.lists(st.one_of(st.integers(-3, 3), st.integers(-(2**62), 2**62),
+                          st.integers(0, 10**10)), min_size=0, max_size=300)
+# Latencies are far from overflow (a mean of two values near 1.8e308 is not);
+# -0.0 and 0.0 are equal to numpy's partition, which returns either: not compared here
+floats = st.lists(st.one_of(st.floats(-1e300, 1e300),
+                            st.sampled_from([0.0, 1.5, 1e-300, 5e-324])).map(lambda x: x + 0.0),
+                  min_size=0, max_size=300)
+qs = st.lists(st.floats(0, 100), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(ints.map(lambda v: np.asarray(v, np.int64)),
+                 floats.map(lambda v: np.asarray(v, np.float64))),
+       st.lists(st.integers(0, 300), max_size=5), qs, st.integers(1, 8))
+def test_percentiles_are_numpy_s_however_split(values, cuts, q, limit):
+    parts = split(values, cuts)
+    columns = [lambda p: p, lambda p: p[::2]]
+    for where in (InMemory(parts), Tight(parts, limit)):
+        found = percentiles(where, columns, q)
+        for column, got in zip(columns, found, strict=True):
+            whole = np.concatenate([column(p) for p in parts])
+            if len(whole) == 0:
+                assert got is None
+                continue
+            want = np.percentile(whole, q)
+            assert got.tobytes() == want.tobytes(), (whole, q, got, want)
+            assert got.dtype == want.dtype
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(ints.map(lambda v: np.asarray(v, np.int64)),
+                 floats.map(lambda v: np.asarray(v, np.float64))),
+       st.lists(st.integers(0, 300), max_size=5), st.integers(1, 8))
+def test_medians_are_numpy_s(values, cuts, limit):
+    parts = split(values, cuts)
+    (got,) = medians(Tight(parts, limit), [lambda p: p])
+    if len(values) == 0:
+        assert got is None
+    else:
+        assert np.float64(got).tobytes() == np.float64(np.median(values)).tobytes()
+
+
+def test_nan_makes_every_figure_nan_as_numpy():
+    parts = [np.array([1.0, np.nan]), np.array([2.0])]
+    (got,) = percentiles(InMemory(parts), [lambda p: p], [10, 50])
+    assert np.isnan(got).all() and np.isnan(np.percentile(np.concatenate(parts), [10, 50])).all()
+
+
+def test_refinement_takes_few_passes_whatever_the_spread():
+    rng = np.random.default_rng(0)
+    heavy = np.exp(rng.normal(0, 6, 200_000))  # 12 decades of latencies
+    ties = np.repeat([5, 7, 7, 2**60], 50_000).astype(np.int64)
+    for values in (heavy, ties, heavy.astype(np.int64)):
+        parts = Tight(np.array_split(values, 7), 1000)
+        (got,) = percentiles(parts, [lambda p: p], [50, 90, 99, 99.9])
+        assert got.tobytes() == np.percentile(values, [50, 90, 99, 99.9]).tobytes()
+        assert parts.passes <= 8, parts.passes
+
+
+def test_a_spilled_set_holds_its_parts_on_disk_and_gives_the_same(tmp_path):
+    rng = np.random.default_rng(1)
+    values = rng.integers(0, 10**9, 50_000)
+    with Spilled(str(tmp_path)) as parts:
+        for piece in np.array_split(values, 5):
+            parts.add(piece)
+        assert len([p for d in tmp_path.iterdir() for p in d.iterdir()]) == 5
+        (got,) = percentiles(parts, [lambda p: p], [50, 99])
+        assert got.tobytes() == np.percentile(values, [50, 99]).tobytes()
+    assert not any(tmp_path.iterdir())
+
+
+@settings(max_examples=200, deadline=None)
+@given(floats, st.lists(st.integers(0, 300), max_size=4))
+def test_exact_sums_of_parts_add_up_to_fsum(values, cuts):
+    parts = split(np.asarray(values, np.float64), cuts)
+    total = sum((exact_sum(p) for p in parts), exact_sum(np.empty(0)))
+    assert float(total) == math.fsum(values)
+
+
+def test_bins_split_a_range_into_disjoint_covering_bins():
+    for lo, hi in ((0, 10), (-5, 2**62), (7, 7 + order_stats.BINS * 3)):
+        edges = [lo, *order_stats._inner_edges(lo, hi).tolist(), hi + 1]
+        assert edges == sorted(edges) and edges[0] == lo and edges[-1] == hi + 1
+
+
+@pytest.mark.parametrize("mutant", ["lerp", "rank"])
+def test_a_wrong_interpolation_is_caught(monkeypatch, mutant):
+    values = np.asarray([2.2715759353337974, 3.2186939107594217, 3.3791122550713326,
+                         3.9161900052816123, 5.715298307297609, 5.9430003019969675,
+                         8.902743520047924])
+    if mutant == "lerp":  # numpy interpolates from the nearer neighbour
+        monkeypatch.setattr(order_stats, "_lerp", lambda a, b, t: a + (b - a) * t)
+        q = [62.31871446860424]
+    else:
+        real = order_stats._ranks
+        monkeypatch.setattr(order_stats, "_ranks",
+                            lambda n, q: tuple(np.minimum(x + 1, n - 1) if i < 2 else x
+                                               for i, x in enumerate(real(n, q))))
+        q = [50]
+    (got,) = percentiles(InMemory([values]), [lambda p: p], q)
+    assert got.tobytes() != np.percentile(values, q).tobytes()
