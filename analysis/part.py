@@ -38,12 +38,12 @@ import pyarrow.compute as pc
 from ttft.analysis import _column_arrays as col
 from ttft.analysis import clocks
 from ttft.analysis._grouping import decode
-from ttft.analysis._part_figures import PartRows
 from ttft.analysis._trees import CODE
 from ttft.analysis.assemble import Assembly, assemble
 from ttft.analysis.attribution import Attribution, attribute
 from ttft.analysis.blame import blame
 from ttft.analysis.order_stats import InMemory, PartSet
+from ttft.analysis.part_figures import PartRows
 from ttft.analysis.prefill import prefill_points
 from ttft.analysis.quality import Quality
 from ttft.analysis.regime import ENGINE_INFO, RegimeSetup, regime, regime_setup

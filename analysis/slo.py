@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ttft.analysis._part_figures import PartRows, stages
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.load import SLO_METRICS, check_slo, meeting_slo
 from ttft.analysis.order_stats import InMemory, PartSet, medians, percentiles
+from ttft.analysis.part_figures import PartRows, stages
 
 __all__ = ["MAX_EXHAUSTIVE", "goodput_summary", "slo_attribution", "slo_figures"]
 

@@ -16,7 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ttft.analysis._part_figures import (
+from ttft.analysis.attribution import Attribution
+from ttft.analysis.load import check_slo
+from ttft.analysis.order_stats import InMemory, PartSet
+from ttft.analysis.part_figures import (
     PERCENTILES,
     PartRows,
     after_first_token,
@@ -29,9 +32,6 @@ from ttft.analysis._part_figures import (
     stage_rows,
     tail_rows,
 )
-from ttft.analysis.attribution import Attribution
-from ttft.analysis.load import check_slo
-from ttft.analysis.order_stats import InMemory, PartSet
 from ttft.analysis.quality import Quality
 from ttft.analysis.request_values import RequestValues
 from ttft.analysis.slo import goodput_summary
@@ -208,7 +208,7 @@ def summary_of(parts: PartSet, boundary: str, policy: str, quality: Quality, *,
                slo: Mapping[str, float] | None = None) -> Summary:
     """The `Summary` of a trace's parts (a `PartSet` of ``PartRows``, one per table, all
     attributed at ``boundary`` and ``policy``; ``quality`` their merged defects and clock
-    offsets): built from reductions over the parts alone (``analysis._part_figures``), so
+    offsets): built from reductions over the parts alone (``analysis.part_figures``), so
     one table and a dataset's partitions give one summary, and merging partitions holds
     none of their requests.
 
@@ -262,7 +262,7 @@ def summary_of(parts: PartSet, boundary: str, policy: str, quality: Quality, *,
 
 
 def _load_dict(found: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`Summary.load` from ``_part_figures.load_figures`` (None without a client span)."""
+    """`Summary.load` from ``part_figures.load_figures`` (None without a client span)."""
     if found is None:
         return None
     duration = found["duration_ns"]

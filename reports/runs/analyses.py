@@ -34,7 +34,6 @@ from typing import Any, Union
 
 import pandas as pd
 
-from ttft.analysis._part_figures import PartRows
 from ttft.analysis.clock_offset import ClockOffset
 from ttft.analysis.clocks import offsets_from_bounds
 from ttft.analysis.order_stats import Spilled
@@ -54,6 +53,7 @@ from ttft.analysis.part import (
     regime_inputs,
     survey,
 )
+from ttft.analysis.part_figures import PartRows
 from ttft.analysis.regime import RegimeSetup, regime_setup
 from ttft.analysis.result import Analysis
 from ttft.collectors.location import TraceLocation

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from test_clocks import shifted
 
 from ttft.analysis import analyze
-from ttft.analysis._part_figures import PartRows
 from ttft.analysis.blame import blame, blame_summary
 from ttft.analysis.clocks import offsets_from_bounds
 from ttft.analysis.order_stats import Spilled
@@ -36,6 +35,7 @@ from ttft.analysis.part import (
     own_rows,
     survey,
 )
+from ttft.analysis.part_figures import PartRows
 from ttft.analysis.partition import partition_rows
 from ttft.analysis.prefill import prefill_points
 from ttft.analysis.regime import ModelShape, RegimeSetup, find_peaks, regime
