@@ -16,6 +16,7 @@ span columns or tree depth, never over requests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -104,6 +105,11 @@ class Attribution:
                 "ttft_ns": req["ttft_ns"].to_numpy(),
             }
         )
+
+    def per_request_parts(self, write: Callable[[pd.DataFrame], None]) -> None:
+        """`per_request` in pieces, in order: ``write`` of each (of each part's, one part
+        read at a time, for an attribution stacked from parts)."""
+        write(self.per_request())
 
 
 def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusive") -> Attribution:

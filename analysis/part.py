@@ -26,7 +26,7 @@ Pure functions (no I/O); where the tables come from and where each part runs is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -316,6 +316,12 @@ class StackedAttribution(Attribution):
             counts = self._counts if frame in ("requests", "failed") else None
             self.__dict__[frame] = stack_frames([getattr(a, frame) for a in attrs], counts)
         return self.__dict__[name]
+
+    def per_request_parts(self, write: Callable[[pd.DataFrame], None]) -> None:
+        if "requests" in self.__dict__:
+            return super().per_request_parts(write)
+        self._rows.map(lambda p: write(p.attribution.per_request()))
+        return None
 
 
 def _merged_report(parts: Sequence[Part]) -> ReportRows | None:

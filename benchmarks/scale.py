@@ -131,6 +131,10 @@ def build_dataset(out: Path, spans: int, partitions: int, chunk_spans: int, seed
     key = (f"{KEY_RULE}; within each of {chunks} generated chunks of distinct requests, "
            f"chunk c owning partitions c*{per}..c*{per}+{per - 1}")
     info.update(partitions=partitions, spans=own, copies=copies, key=key)
+    # Each chunk's files name the chunk's dataset id and its own partition numbers; the
+    # dataset assembled from them has no id of its own, so its files are not checked
+    # against one (as a dataset written before files named their dataset).
+    info.pop("id", None)
     (out / DATASET_FILE).write_text(json.dumps(info, sort_keys=True))
     return {**info, "chunks": chunks, "build_s": time.perf_counter() - started}
 

@@ -66,12 +66,8 @@ def analyze(
             where.locations[0], where.runner, boundary=boundary.value if boundary else None,
             policy=policy.value, slo=slo, regime=options, on_done=where.on_done)
     if per_request is not None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        frame = analysis.attribution.per_request()
         try:
-            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), per_request)
+            _write_per_request(analysis.attribution, per_request)
         except OSError as exc:
             raise fail(f"{per_request}: cannot write ({exc.strerror or exc})") from None
     from ttft.reports.views.regime import profile_line
@@ -100,6 +96,38 @@ def analyze(
     render_regime(
         found.frame, found.summary, found.peaks, stdout_console(), device_name=found.device_name
     )
+
+
+def _write_per_request(attribution, path: Path) -> None:
+    """``--per-request``: the attribution's ``per_request`` rows, written part by part (a
+    dataset analysed on Dask is read back one part at a time, never stacked); the file's
+    schema is the first rows' (a part without rows writes none), and with no rows at all
+    the empty frame's, as one table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer: list[pq.ParquetWriter] = []
+    empty: list[pa.Table] = []
+
+    def write(frame) -> None:
+        if writer:
+            table = pa.Table.from_pandas(frame, schema=writer[0].schema, preserve_index=False)
+            writer[0].write_table(table)
+            return
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        if len(frame) == 0:
+            empty[:] = empty or [table]
+            return
+        writer.append(pq.ParquetWriter(path, table.schema))
+        writer[0].write_table(table)
+
+    try:
+        attribution.per_request_parts(write)
+    finally:
+        if writer:
+            writer[0].close()
+    if not writer:
+        pq.write_table(empty[0], path)
 
 
 def _regime_json(found) -> dict:
