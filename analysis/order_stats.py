@@ -20,7 +20,6 @@ times a pass), whatever the distribution. Memory is O(columns × (`BINS` + fetch
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import tempfile
 import weakref
@@ -69,24 +68,39 @@ class InMemory(PartSet):
         return len(self.parts)
 
 
+def _save_array(part: np.ndarray, directory: str) -> None:
+    np.save(os.path.join(directory, "values.npy"), part, allow_pickle=False)
+
+
+def _load_array(directory: str) -> np.ndarray:
+    return np.load(os.path.join(directory, "values.npy"), allow_pickle=False)
+
+
 class Spilled(PartSet):
-    """Parts pickled to a temporary directory as they come (`put`, in any order), each
-    read back alone by `map`, in part order: the process holds one part at a time. The
-    files go with ``close``, the context, or this object."""
+    """Parts written to a temporary directory as they come (`put`, in any order; each in
+    a directory of its own, by ``save(part, directory)``, read back by ``load(directory)``:
+    default, a numpy array), each read back alone by `map`, in part order: the process
+    holds one part at a time. The files go with ``close``, the context, or this object."""
 
     fetch_limit = FETCH_LIMIT
 
-    def __init__(self, directory: str | None = None) -> None:
+    def __init__(self, directory: str | None = None, *,
+                 save: Callable[[Any, str], None] = _save_array,
+                 load: Callable[[str], Any] = _load_array) -> None:
         self.directory = tempfile.mkdtemp(prefix="ttft-parts-", dir=directory)
+        self._save, self._load = save, load
         self._paths: dict[int, str] = {}
         self._removal = weakref.finalize(self, shutil.rmtree, self.directory, True)
 
     def put(self, k: int, part: Any) -> None:
         """Part ``k`` (it replaces one put before)."""
-        path = os.path.join(self.directory, f"{k:06d}.pickle")
-        with open(path + ".tmp", "wb") as f:
-            pickle.dump(part, f, protocol=5)
-        os.replace(path + ".tmp", path)
+        path = os.path.join(self.directory, f"{k:06d}")
+        scratch = path + ".tmp"
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.mkdir(scratch)
+        self._save(part, scratch)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(scratch, path)
         self._paths[k] = path
 
     def add(self, part: Any) -> None:
@@ -96,8 +110,7 @@ class Spilled(PartSet):
     def map(self, fn: Callable[[Any], Any]) -> list[Any]:
         out = []
         for k in sorted(self._paths):
-            with open(self._paths[k], "rb") as f:
-                out.append(fn(pickle.load(f)))  # noqa: S301 - this process's own files
+            out.append(fn(self._load(self._paths[k])))
         return out
 
     def __len__(self) -> int:
@@ -193,11 +206,12 @@ def exact_sum(values: np.ndarray) -> Any:
     return total
 
 
-def _order_statistics(parts: PartSet, columns: Sequence[Column],
-                      wanted: Callable[[int], np.ndarray]
-                      ) -> list[tuple[int, dict[int, Any]] | float | None]:
-    """Per column: None (no values), NaN (a value is NaN), else ``(n, {rank: value})``
-    for the ranks ``wanted(n)`` names, values in the column's dtype."""
+def _first_windows(parts: PartSet, columns: Sequence[Column],
+                   wanted: Callable[[int], np.ndarray]
+                   ) -> tuple[list[Any], dict[tuple[int, int, int], list[Any]], dict[int, Any]]:
+    """The first pass: per column its result so far (None: no values; NaN: one is NaN;
+    else ``(n, {})``), its window (``(column, lo, hi) -> [below, count, ranks]``: every
+    value, the ranks ``wanted(n)``) and its values' dtype."""
     def bounds(part: Any) -> list[tuple[int, int, int, int, Any]]:
         out = []
         for column in columns:
@@ -210,7 +224,7 @@ def _order_statistics(parts: PartSet, columns: Sequence[Column],
 
     seen = parts.map(bounds)
     result: list[Any] = []
-    windows: dict[tuple[int, int, int], list[Any]] = {}  # (column, lo, hi) -> [below, n, ranks]
+    windows: dict[tuple[int, int, int], list[Any]] = {}
     dtypes: dict[int, Any] = {}
     for c in range(len(columns)):
         mine = [found[c] for found in seen if found[c][0]]
@@ -224,6 +238,15 @@ def _order_statistics(parts: PartSet, columns: Sequence[Column],
             result.append((n, {}))
             lo, hi = min(found[2] for found in mine), max(found[3] for found in mine)
             windows[(c, lo, hi)] = [0, n, [int(r) for r in wanted(n)]]
+    return result, windows, dtypes
+
+
+def _order_statistics(parts: PartSet, columns: Sequence[Column],
+                      wanted: Callable[[int], np.ndarray]
+                      ) -> list[tuple[int, dict[int, Any]] | float | None]:
+    """Per column: None (no values), NaN (a value is NaN), else ``(n, {rank: value})``
+    for the ranks ``wanted(n)`` names, values in the column's dtype."""
+    result, windows, dtypes = _first_windows(parts, columns, wanted)
     limit = parts.fetch_limit
     while windows:
         fetch = {key: w for key, w in windows.items()
@@ -234,17 +257,29 @@ def _order_statistics(parts: PartSet, columns: Sequence[Column],
                 result[c][1][r] = _value(lo, dtypes[c])
         fetch = {key: w for key, w in fetch.items() if key[1] != key[2]}
         inner = {key: _inner_edges(key[1], key[2]) for key in split}
-        answers = parts.map(lambda part, fetch=fetch, inner=inner:
-                            _pass(part, columns, fetch, inner))
+        fetched: list[list[np.ndarray]] = [[] for _ in fetch]
+        counted = [np.zeros(BINS, np.int64) for _ in split]
+
+        def visit(part: Any, fetch: dict = fetch, inner: dict = inner,
+                  fetched: list = fetched, counted: list = counted) -> None:
+            """One part's answer, added to the others' as it comes (memory: the
+            windows' bins and fetched values, whatever the number of parts)."""
+            keys, counts = _pass(part, columns, fetch, inner)
+            for found, k in zip(fetched, keys, strict=True):
+                found.append(k)
+            for total, c in zip(counted, counts, strict=True):
+                total += c
+
+        parts.map(visit)
         for i, ((c, _, _), (below, _, ranks)) in enumerate(fetch.items()):
-            keys = np.concatenate([a[0][i] for a in answers])
+            keys = np.concatenate(fetched[i])
             kth = np.asarray(ranks) - below
             keys = np.partition(keys, kth) if len(kth) < len(keys) else np.sort(keys)
             for r, k in zip(ranks, kth, strict=True):
                 result[c][1][r] = _value(int(keys[k]), dtypes[c])
         windows = {}
         for i, (key, (below, _, ranks)) in enumerate(split.items()):
-            counts = np.sum([a[1][i] for a in answers], axis=0)
+            counts = counted[i]
             firsts = below + np.concatenate([[0], np.cumsum(counts)[:-1]])
             edges = [key[1], *inner[key].tolist(), key[2] + 1]
             for r in ranks:

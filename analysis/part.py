@@ -296,6 +296,15 @@ class PartHeader:
                    part.boundaries)
 
 
+def _stacked_frames(attrs: Sequence[Attribution], counts: Sequence[int]
+                    ) -> dict[str, pd.DataFrame]:
+    """The parts' per-request frames stacked in order, ``request`` moved past the parts
+    before (``counts``: their requests)."""
+    return {frame: stack_frames([getattr(a, frame) for a in attrs],
+                                counts if frame in ("requests", "failed") else None)
+            for frame in StackedAttribution._FRAMES}
+
+
 class StackedAttribution(Attribution):
     """The `Attribution` of a trace's parts: boundary, policy and merged defects at once;
     its per-request frames stacked from the parts (``request`` indices moved past the
@@ -311,10 +320,8 @@ class StackedAttribution(Attribution):
     def __getattr__(self, name: str) -> Any:
         if name not in StackedAttribution._FRAMES or "_rows" not in self.__dict__:
             raise AttributeError(name)
-        attrs = self._rows.map(lambda p: p.attribution)
-        for frame in StackedAttribution._FRAMES:
-            counts = self._counts if frame in ("requests", "failed") else None
-            self.__dict__[frame] = stack_frames([getattr(a, frame) for a in attrs], counts)
+        self.__dict__.update(_stacked_frames(self._rows.map(lambda p: p.attribution),
+                                             self._counts))
         return self.__dict__[name]
 
     def per_request_parts(self, write: Callable[[pd.DataFrame], None]) -> None:
@@ -364,10 +371,16 @@ def merge(parts: Sequence[Part], *, offsets: Sequence[clocks.ClockOffset] | None
     if not parts:
         raise ValueError("no parts to merge")
     rows = InMemory([PartRows(part.attribution, part.values) for part in parts])
-    return merge_rows(rows, [PartHeader.of(part) for part in parts], offsets=offsets,
-                      metadata=metadata, trace=trace, slo=slo, inputs=inputs, regime=regime,
-                      report=_merged_report(parts),
-                      assembly=parts[0].assembly if len(parts) == 1 else None)
+    headers = [PartHeader.of(part) for part in parts]
+    out = merge_rows(rows, headers, offsets=offsets, metadata=metadata, trace=trace, slo=slo,
+                     inputs=inputs, regime=regime, report=_merged_report(parts),
+                     assembly=parts[0].assembly if len(parts) == 1 else None)
+    # in memory already: a plain Attribution, its frames stacked now
+    frames = _stacked_frames([part.attribution for part in parts], [h.requests for h in headers])
+    out.attribution = Attribution(out.attribution.boundary, out.attribution.policy,
+                                  frames["requests"], frames["attributed"], frames["covered"],
+                                  frames["raw"], out.attribution.quality, frames["failed"])
+    return out
 
 
 def merge_rows(rows: PartSet, headers: Sequence[PartHeader], *,

@@ -10,6 +10,8 @@ ones over every request, means exact from integer sums (``math.fsum`` for float 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from functools import cached_property
@@ -17,11 +19,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pyarrow import feather
 
 from ttft.analysis.after_first_token import KEYS
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.order_stats import PartSet, exact_sum, medians, percentiles
-from ttft.analysis.quality import EXAMPLES_KEPT
+from ttft.analysis.quality import EXAMPLES_KEPT, Quality
 from ttft.analysis.request_values import RequestValues
 from ttft.tracer.schema import OUTCOMES
 
@@ -36,18 +39,48 @@ Select = Callable[["PartRows"], np.ndarray] | None
 
 
 class PartRows:
-    """One part's attribution and request values, their arrays decoded once (never
-    pickled: a spilled part is its attribution and values)."""
+    """One part's attribution and request values, their arrays decoded once; `save` and
+    `load` write and read them as files (``order_stats.Spilled``): the frames as Arrow
+    IPC, the arrays as ``.npy``. What is read back has no defects (a part's defects go
+    with its ``analysis.part.PartHeader``)."""
+
+    _FRAMES = ("requests", "attributed", "covered", "raw", "failed")
 
     def __init__(self, attribution: Attribution, values: RequestValues) -> None:
         self.attribution = attribution
         self.values = values
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"attribution": self.attribution, "values": self.values}
+    @staticmethod
+    def save(rows: PartRows, directory: str) -> None:
+        attr, values = rows.attribution, rows.values
+        frames = {name: getattr(attr, name) for name in PartRows._FRAMES}
+        frames["transfers"] = values.transfers
+        for name, frame in frames.items():
+            feather.write_feather(frame, os.path.join(directory, f"{name}.arrow"),
+                                  compression="uncompressed")
+        for kind in ("after_first_token", "load"):
+            np.savez(os.path.join(directory, f"{kind}.npz"), **getattr(values, kind))
+        with open(os.path.join(directory, "attribution.json"), "w") as f:
+            json.dump({"boundary": attr.boundary, "policy": attr.policy}, f)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+    @staticmethod
+    def load(directory: str) -> PartRows:
+        def frame(name: str) -> pd.DataFrame:
+            return feather.read_feather(os.path.join(directory, f"{name}.arrow"),
+                                        memory_map=False)
+
+        def arrays(kind: str) -> dict[str, np.ndarray]:
+            with np.load(os.path.join(directory, f"{kind}.npz"), allow_pickle=False) as found:
+                return {key: found[key] for key in found.files}
+
+        with open(os.path.join(directory, "attribution.json")) as f:
+            said = json.load(f)
+        frames = {name: frame(name) for name in PartRows._FRAMES}
+        attr = Attribution(said["boundary"], said["policy"], frames["requests"],
+                           frames["attributed"], frames["covered"], frames["raw"], Quality(),
+                           frames["failed"])
+        return PartRows(attr, RequestValues(arrays("after_first_token"), arrays("load"),
+                                            frame("transfers")))
 
     @cached_property
     def att(self) -> np.ndarray:

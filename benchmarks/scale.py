@@ -222,16 +222,33 @@ def measure_speed(path: Path, rounds: int, single: bool) -> dict[str, Any]:
     return out
 
 
+_DRIVER = """
+import sys, time
+from ttft.collectors import TraceLocation
+from ttft.reports.runs.analyses import analyze_location, runner
+from scale import _peak_rss_bytes
+started = time.perf_counter()
+with runner(scheduler=sys.argv[2]) as on_dask:
+    analysis = analyze_location(TraceLocation(sys.argv[1]), on_dask)
+print(time.perf_counter() - started, _peak_rss_bytes(), analysis.summary.requests)
+"""
+
+
 def measure_memory(path: Path) -> tuple[float, list[int], int]:
     """One run on a fresh 2-worker cluster: its time, each worker's peak RSS and the
-    driver's (this process's, its peak reset just before the run)."""
+    driver's: a fresh process of its own (``runner(scheduler=...)`` and
+    ``analyze_location``, as ``ttft analyze DATASET --scheduler`` runs them), so that its
+    peak is the analysis's alone, not what building the datasets left in this one."""
+    import subprocess
+
     with ExitStack() as stack:
         cluster, client = _cluster(stack, 2)
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS
-        took, *_ = _timed(path, cluster.scheduler_address, client)
-        driver = _peak_rss_bytes()
+        done = subprocess.run([sys.executable, "-c", _DRIVER, str(path),
+                               cluster.scheduler_address], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).parent)
+        took, driver, _ = done.stdout.split()
         peaks = client.run(_peak_rss_bytes)
-    return took, sorted(peaks.values()), driver
+    return float(took), sorted(peaks.values()), int(driver)
 
 
 def _arguments() -> argparse.Namespace:

@@ -52,6 +52,7 @@ _get_current = ctx.current.get
 _set_current = ctx.current.set
 _reset_current = ctx.current.reset
 _span_ids = ctx._span_ids
+_requests = ctx.requests  # the registry of open requests (never rebound)
 _recorder: Recorder | None = None
 
 
@@ -196,18 +197,18 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
         elif cur is not None and cur.request_id == rid:
             parent = cur
         else:
-            parent = ctx.requests.get(rid)
+            parent = _requests.get(rid)
         self.parent = parent
         if parent is None:
             self.trace_id = ctx.new_trace_id()
             self.sampled = True
             if rid is not None:
-                ctx.requests[rid] = self
+                _requests[rid] = self
         else:
             self.trace_id = parent.trace_id
             self.sampled = parent.sampled
-            if rid is not None and ctx.requests.get(rid) is parent:
-                ctx.requests[rid] = self  # the request's outermost open span
+            if rid is not None and _requests.get(rid) is parent:
+                _requests[rid] = self  # the request's outermost open span
         self.span_id = next(_span_ids)
         self.remote = False
         self._token = _set_current(self)
@@ -218,22 +219,35 @@ class stage(ctx.SpanRef):  # noqa: N801 - a context manager used like a function
         self.end_ns = _perf_ns() if self._end_at is None else self._end_at
         _reset_current(self._token)
         rid = self.request_id
-        if rid is not None and ctx.requests.get(rid) is self:
+        if rid is not None and _requests.get(rid) is self:
             if self.parent is not None:
-                ctx.requests[rid] = self.parent
+                _requests[rid] = self.parent
             else:
-                del ctx.requests[rid]
+                del _requests[rid]
         if exc_type is not None:
             self.attributes["error"] = exc_type.__name__
         recorder = _recorder
         if recorder is not None and self.sampled:  # `_record`, inlined: the hot path
             parent = self.parent
-            recorder.add((self.trace_id, self.span_id, 0, 0, False, self.name,
-                          self.stage_name, self.clock_name, rid, self.links, self.start_ns,
-                          self.end_ns) if parent is None else
-                         (self.trace_id, self.span_id, parent.trace_id, parent.span_id,
-                          parent.remote, self.name, self.stage_name, self.clock_name, rid,
-                          self.links, self.start_ns, self.end_ns), self.attributes)
+            record = ((self.trace_id, self.span_id, 0, 0, False, self.name,
+                       self.stage_name, self.clock_name, rid, self.links, self.start_ns,
+                       self.end_ns) if parent is None else
+                      (self.trace_id, self.span_id, parent.trace_id, parent.span_id,
+                       parent.remote, self.name, self.stage_name, self.clock_name, rid,
+                       self.links, self.start_ns, self.end_ns))
+            # `Recorder.add` inlined where it queues (a call is a tenth of a span's cost);
+            # a full or closed queue goes through it, which counts the drop.
+            queue = recorder._queue
+            size = len(queue)
+            if size < recorder.capacity and not recorder._closed:
+                attributes = self.attributes
+                if attributes:
+                    recorder._attributes[self.span_id] = attributes
+                queue.append(record)
+                if size == recorder._half:
+                    recorder._wake.set()
+            else:
+                recorder.add(record, self.attributes)
 
     def _record(self) -> tuple[Any, ...]:
         """The finished span as the recorder queues it (`Recorder.add`, with

@@ -289,7 +289,7 @@ def _spilled(location: TraceLocation, run: Runner, pieces: list[Piece],
     """The analysis of a dataset's pieces with a driver that holds none of their requests:
     each part, as it comes, spilled to disk (``order_stats.Spilled``) but for its
     `PartHeader`; the summary made from the spilled rows (``merge_rows``)."""
-    rows = Spilled()
+    rows = Spilled(save=PartRows.save, load=PartRows.load)
     headers: dict[Piece, PartHeader] = {}
     order = {piece: k for k, piece in enumerate(pieces)}
 

@@ -535,7 +535,7 @@ def test_spilled_parts_refined_pass_by_pass_give_the_one_process_summary(
     offsets = offsets_from_bounds([s.bounds for s in surveys])
     parts = [analyze_part(t, offsets=offsets, boundary=whole.attribution.boundary)
              for t in dataset]
-    rows = Spilled(str(tmp_path))
+    rows = Spilled(str(tmp_path), save=PartRows.save, load=PartRows.load)
     for k in reversed(range(partitions)):  # in any order, read back in part order
         rows.put(k, PartRows(parts[k].attribution, parts[k].values))
     merged = merge_rows(rows, [PartHeader.of(p) for p in parts], offsets=offsets,
