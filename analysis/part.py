@@ -88,15 +88,19 @@ class Survey:
     metadata: dict[str, Any]
 
 
-def survey(table: pa.Table) -> Survey:
-    """The `Survey` of ``table`` (its borrowed copies are surveyed where they are owned)."""
+def survey(table: pa.Table, *, steps: bool = True, engine_info: bool = True) -> Survey:
+    """The `Survey` of ``table`` (its borrowed copies are surveyed where they are owned);
+    without ``steps`` or ``engine_info`` (what only a report or the regime reads), those
+    tables are left empty, so a summary's first pass returns only what grows with the
+    requests' clocks."""
     d = decode(table)
     own = np.arange(table.num_rows) < own_rows(table)
-    steps = np.flatnonzero(own & d.valid & (d.stage == CODE["step"]))
-    info = own & np.asarray(pc.fill_null(pc.equal(table.column("name"), ENGINE_INFO), False)
-                            .to_numpy(zero_copy_only=False), dtype=bool)
+    found = np.flatnonzero(own & d.valid & (d.stage == CODE["step"])) if steps else []
+    info = (own & np.asarray(pc.fill_null(pc.equal(table.column("name"), ENGINE_INFO), False)
+                             .to_numpy(zero_copy_only=False), dtype=bool)
+            if engine_info else np.zeros(table.num_rows, bool))
     plain = table.replace_schema_metadata(None)
-    return Survey(clocks.table_bounds(table, d), plain.take(steps),
+    return Survey(clocks.table_bounds(table, d), plain.take(np.asarray(found, np.int64)),
                   plain.take(np.flatnonzero(info)), run_metadata(table))
 
 

@@ -198,8 +198,9 @@ def _table(location: TraceLocation, piece: Piece) -> Any:
     return location.read(piece)
 
 
-def _survey_task(location: TraceLocation, piece: Piece) -> Survey:
-    return survey(_table(location, piece))
+def _survey_task(location: TraceLocation, piece: Piece, steps: bool = True,
+                 engine_info: bool = True) -> Survey:
+    return survey(_table(location, piece), steps=steps, engine_info=engine_info)
 
 
 def _whole_task(location: TraceLocation, piece: Piece, options: Mapping[str, Any] | None
@@ -253,7 +254,8 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
     offsets: list[ClockOffset] | None = None
     steps = None
     if len(pieces) > 1:
-        surveys = run.map(_survey_task, location, pieces, on_done=on_done)
+        surveys = run.map(_survey_task, location, pieces, regime is not None and rows,
+                          regime is not None, on_done=on_done)
         offsets = offsets_from_bounds([s.bounds for s in surveys])
         metadata, inputs = surveys[0].metadata, None
         setup = None if regime is None else regime_inputs(surveys, regime)
