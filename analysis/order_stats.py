@@ -28,13 +28,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BINS", "FETCH_LIMIT", "InMemory", "PartSet", "Spilled", "exact_sum", "medians",
+__all__ = ["BATCH", "BINS", "FETCH_LIMIT", "InMemory", "PartSet", "Spilled", "exact_sum", "medians",
            "percentiles"]
 
 BINS = 1 << 12
 """Bins of one refinement pass."""
 FETCH_LIMIT = 1 << 15
 """The most values a spilled part set fetches around one rank in one pass."""
+BATCH = 16
+"""Columns refined together."""
 _FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
 Column = Callable[[Any], np.ndarray]
@@ -196,6 +198,8 @@ def exact_sum(values: np.ndarray) -> Any:
     from fractions import Fraction
 
     values = np.asarray(values, np.float64)
+    if not np.isfinite(values).all():
+        raise ValueError("an exact sum of values that are not all finite")
     mantissa, exponent = np.frexp(values)
     whole = np.ldexp(mantissa, 53).astype(np.int64)  # exact: 53-bit integer mantissas
     total = Fraction(0)
@@ -234,6 +238,9 @@ def _first_windows(parts: PartSet, columns: Sequence[Column],
         elif any(found[1] for found in mine):
             result.append(float("nan"))
         else:
+            if len({np.dtype(found[4]).kind == "f" for found in mine}) > 1:
+                raise ValueError("a column's values are floats in some parts and integers "
+                                 "in others: cast them to one dtype")
             dtypes[c] = np.result_type(*(found[4] for found in mine))
             result.append((n, {}))
             lo, hi = min(found[2] for found in mine), max(found[3] for found in mine)
@@ -245,7 +252,18 @@ def _order_statistics(parts: PartSet, columns: Sequence[Column],
                       wanted: Callable[[int], np.ndarray]
                       ) -> list[tuple[int, dict[int, Any]] | float | None]:
     """Per column: None (no values), NaN (a value is NaN), else ``(n, {rank: value})``
-    for the ranks ``wanted(n)`` names, values in the column's dtype."""
+    for the ranks ``wanted(n)`` names, values in the column's dtype; `BATCH` columns at a
+    time (a stage search asks for hundreds: their fetched values and bins are held only a
+    batch at a time)."""
+    out: list[Any] = []
+    for first in range(0, len(columns), BATCH):
+        out += _batch_statistics(parts, columns[first:first + BATCH], wanted)
+    return out
+
+
+def _batch_statistics(parts: PartSet, columns: Sequence[Column],
+                      wanted: Callable[[int], np.ndarray]
+                      ) -> list[tuple[int, dict[int, Any]] | float | None]:
     result, windows, dtypes = _first_windows(parts, columns, wanted)
     limit = parts.fetch_limit
     while windows:

@@ -76,6 +76,12 @@ class PartRows:
         with open(os.path.join(directory, "attribution.json")) as f:
             said = json.load(f)
         frames = {name: frame(name) for name in PartRows._FRAMES}
+        failed = frames["failed"]
+        if "status_code" in failed and failed["status_code"].dtype.kind == "f":
+            # Arrow gives ints with nulls back as floats; the frame holds ints and None
+            failed["status_code"] = pd.Series(
+                [None if pd.isna(v) else int(v) for v in failed["status_code"]],
+                index=failed.index, dtype=object)
         attr = Attribution(said["boundary"], said["policy"], frames["requests"],
                            frames["attributed"], frames["covered"], frames["raw"], Quality(),
                            frames["failed"])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -99,35 +101,35 @@ def analyze(
 
 
 def _write_per_request(attribution, path: Path) -> None:
-    """``--per-request``: the attribution's ``per_request`` rows, written part by part (a
-    dataset analysed on Dask is read back one part at a time, never stacked); the file's
-    schema is the first rows' (a part without rows writes none), and with no rows at all
-    the empty frame's, as one table."""
+    """``--per-request``: the attribution's ``per_request`` rows. In one piece, as one
+    table; in several (a dataset analysed on Dask, read back one part at a time, never
+    stacked), each piece is written beside the file first, then all are written into it
+    with their schemas unified (a part whose rows have no condition types it null)."""
+    import tempfile
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    writer: list[pq.ParquetWriter] = []
-    empty: list[pa.Table] = []
+    pieces: list[str] = []
+    scratch = tempfile.mkdtemp(prefix=".per-request-", dir=Path(path).parent or ".")
 
     def write(frame) -> None:
-        if writer:
-            table = pa.Table.from_pandas(frame, schema=writer[0].schema, preserve_index=False)
-            writer[0].write_table(table)
-            return
-        table = pa.Table.from_pandas(frame, preserve_index=False)
-        if len(frame) == 0:
-            empty[:] = empty or [table]
-            return
-        writer.append(pq.ParquetWriter(path, table.schema))
-        writer[0].write_table(table)
+        piece = f"{scratch}/{len(pieces):06d}.parquet"
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), piece)
+        pieces.append(piece)
 
     try:
         attribution.per_request_parts(write)
+        if len(pieces) == 1:
+            os.replace(pieces[0], path)
+            return
+        schema = pa.unify_schemas([pq.read_schema(p) for p in pieces],
+                                  promote_options="permissive")
+        with pq.ParquetWriter(path, schema) as writer:
+            for piece in pieces:
+                writer.write_table(pq.read_table(piece).cast(schema))
     finally:
-        if writer:
-            writer[0].close()
-    if not writer:
-        pq.write_table(empty[0], path)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _regime_json(found) -> dict:

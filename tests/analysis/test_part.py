@@ -547,3 +547,44 @@ def test_spilled_parts_refined_pass_by_pass_give_the_one_process_summary(
                                   sorted_rows(whole.attribution.per_request()))
     rows.close()
     assert not any(tmp_path.iterdir())
+
+
+def test_per_request_of_spilled_parts_one_without_conditions_writes_one_file(tmp_path):
+    """A part whose requests have no condition types its column null; written part by
+    part, the file still holds every part's rows (as one process writes them), and a
+    failed request's status code comes back an int."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from ttft.reports.cli.analyze import _write_per_request
+
+    table = synthetic()
+    first = split(table, 3)[0]
+    mine = set(first.column("trace_id").to_pylist())
+    attrs = []
+    for tid, text in zip(table.column("trace_id").to_pylist(),
+                         table.column("attributes").to_pylist(), strict=True):
+        said = json.loads(text) if text else {}
+        if tid in mine:
+            said.pop("cached_tokens", None)
+        attrs.append(json.dumps(said))
+    table = table.set_column(table.schema.get_field_index("attributes"), "attributes",
+                             pa.array(attrs, pa.string()))
+    whole = analyze(table, trace=TRACE)
+    dataset = split(table, 3)
+    offsets = offsets_from_bounds([survey(t).bounds for t in dataset])
+    parts = [analyze_part(t, offsets=offsets, boundary=whole.attribution.boundary)
+             for t in dataset]
+    assert parts[0].attribution.requests["condition"].isna().all()
+    rows = Spilled(str(tmp_path), save=PartRows.save, load=PartRows.load)
+    for k, part in enumerate(parts):
+        rows.put(k, PartRows(part.attribution, part.values))
+    merged = merge_rows(rows, [PartHeader.of(p) for p in parts], offsets=offsets)
+    _write_per_request(merged.attribution, tmp_path / "parts.parquet")
+    _write_per_request(whole.attribution, tmp_path / "whole.parquet")
+    got, want = (pq.read_table(tmp_path / f"{n}.parquet").to_pandas()
+                 for n in ("parts", "whole"))
+    pd.testing.assert_frame_equal(sorted_rows(got), sorted_rows(want))
+    codes = merged.attribution.failed["status_code"]
+    assert codes.dtype == object and all(c is None or type(c) is int for c in codes)
