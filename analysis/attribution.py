@@ -53,6 +53,9 @@ for _b in BOUNDARY_NAMES:
     ELIGIBLE[_b] = _ok
 
 
+FRAMES = ("requests", "attributed", "covered", "raw", "failed")
+"""The per-request frames of an `Attribution`."""
+
 FAILED_COLUMNS = (
     "trace_id", "request_id", "condition", "outcome", "status_code", "error", "ttft_ns",
     "request",

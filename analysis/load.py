@@ -83,7 +83,13 @@ class Load:
 
     def per_s(self, count: int) -> float | None:
         """``count`` over the run's duration, per second; None for a zero duration."""
-        return count / (self.duration_ns / _NS_PER_S) if self.duration_ns > 0 else None
+        return per_s(count, self.duration_ns)
+
+
+def per_s(count: int, duration_ns: int | None) -> float | None:
+    """``count`` over a run of ``duration_ns``, per second; None for none or zero."""
+    return (count / (duration_ns / _NS_PER_S)
+            if duration_ns is not None and duration_ns > 0 else None)
 
 
 def load_values(asm: Assembly, attr: Attribution,
@@ -263,14 +269,20 @@ def goodput(values: Mapping[str, np.ndarray], failed: int,
         ValueError: an unknown metric, or a limit that is not a positive number.
     """
     check_slo(slo_ms)
-    meeting = meeting_slo(values, slo_ms)
-    total = len(values["ttft_ns"]) + failed
     found = load(values)
+    return goodput_figures(slo_ms, meeting_slo(values, slo_ms), len(values["ttft_ns"]) + failed,
+                           None if found is None else found.duration_ns)
+
+
+def goodput_figures(slo_ms: Mapping[str, float], meeting: int, total: int,
+                    duration_ns: int | None) -> dict[str, object]:
+    """`goodput`'s figures from ``meeting`` requests of ``total`` (ok and failed) over a
+    run of ``duration_ns`` (None: no client span)."""
     return {
         "slo": {f"{n}_ms": float(slo_ms[n]) for n in SLO_METRICS if n in slo_ms},
         "requests": meeting,
         "share": meeting / total if total else 0.0,
-        "per_s": found.per_s(meeting) if found is not None else None,
+        "per_s": per_s(meeting, duration_ns),
     }
 
 

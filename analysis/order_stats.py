@@ -12,13 +12,15 @@ their bounds; while the values between the bounds around a wanted rank are more 
 part set may fetch (`PartSet.fetch_limit`), a pass counts them in `BINS` bins of the
 values' order-preserving integer keys and keeps the bin holding the rank; then one pass
 fetches the values left around each rank, which give the order statistics, and numpy's
-interpolation between them is the figure. Each pass reads every part once, for every
-column at once; a wanted value is found within a few passes (the bounds shrink `BINS`
-times a pass), whatever the distribution. Memory is O(columns × (`BINS` + fetch limit)).
+interpolation between them is the figure. Each pass reads every part once, for `BATCH`
+columns at once; a wanted value is found within a few passes (the bounds shrink `BINS`
+times a pass), whatever the distribution. Memory is O(`BATCH` × (`BINS` + fetch limit)),
+whatever the number of parts.
 """
 
 from __future__ import annotations
 
+import abc
 import os
 import shutil
 import tempfile
@@ -43,18 +45,19 @@ Column = Callable[[Any], np.ndarray]
 """A part's values of one column (1-D, integer, boolean or float)."""
 
 
-class PartSet:
+class PartSet(abc.ABC):
     """A trace's parts, read where they are kept (see the module docstring)."""
 
     fetch_limit: int | None = None
     """The most values fetched around one rank per pass (None: any number)."""
 
+    @abc.abstractmethod
     def map(self, fn: Callable[[Any], Any]) -> list[Any]:
         """``fn`` of every part, in order."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def __len__(self) -> int:
-        raise NotImplementedError
+        """How many parts."""
 
 
 class InMemory(PartSet):

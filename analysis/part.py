@@ -40,7 +40,7 @@ from ttft.analysis import clocks
 from ttft.analysis._grouping import decode
 from ttft.analysis._trees import CODE
 from ttft.analysis.assemble import Assembly, assemble
-from ttft.analysis.attribution import Attribution, attribute
+from ttft.analysis.attribution import FRAMES, Attribution, attribute
 from ttft.analysis.blame import blame
 from ttft.analysis.order_stats import InMemory, PartSet
 from ttft.analysis.part_figures import PartRows
@@ -306,7 +306,7 @@ def _stacked_frames(attrs: Sequence[Attribution], counts: Sequence[int]
     before (``counts``: their requests)."""
     return {frame: stack_frames([getattr(a, frame) for a in attrs],
                                 counts if frame in ("requests", "failed") else None)
-            for frame in StackedAttribution._FRAMES}
+            for frame in FRAMES}
 
 
 class StackedAttribution(Attribution):
@@ -314,15 +314,13 @@ class StackedAttribution(Attribution):
     its per-request frames stacked from the parts (``request`` indices moved past the
     parts before) only when first read, so a summary never needs them."""
 
-    _FRAMES = ("requests", "attributed", "covered", "raw", "failed")
-
     def __init__(self, boundary: str, policy: str, quality: Quality, rows: PartSet,
                  counts: Sequence[int]) -> None:
         self.boundary, self.policy, self.quality = boundary, policy, quality
         self._rows, self._counts = rows, list(counts)
 
     def __getattr__(self, name: str) -> Any:
-        if name not in StackedAttribution._FRAMES or "_rows" not in self.__dict__:
+        if name not in FRAMES or "_rows" not in self.__dict__:
             raise AttributeError(name)
         self.__dict__.update(_stacked_frames(self._rows.map(lambda p: p.attribution),
                                              self._counts))
@@ -376,15 +374,9 @@ def merge(parts: Sequence[Part], *, offsets: Sequence[clocks.ClockOffset] | None
         raise ValueError("no parts to merge")
     rows = InMemory([PartRows(part.attribution, part.values) for part in parts])
     headers = [PartHeader.of(part) for part in parts]
-    out = merge_rows(rows, headers, offsets=offsets, metadata=metadata, trace=trace, slo=slo,
-                     inputs=inputs, regime=regime, report=_merged_report(parts),
-                     assembly=parts[0].assembly if len(parts) == 1 else None)
-    # in memory already: a plain Attribution, its frames stacked now
-    frames = _stacked_frames([part.attribution for part in parts], [h.requests for h in headers])
-    out.attribution = Attribution(out.attribution.boundary, out.attribution.policy,
-                                  frames["requests"], frames["attributed"], frames["covered"],
-                                  frames["raw"], out.attribution.quality, frames["failed"])
-    return out
+    return merge_rows(rows, headers, offsets=offsets, metadata=metadata, trace=trace, slo=slo,
+                      inputs=inputs, regime=regime, report=_merged_report(parts),
+                      assembly=parts[0].assembly if len(parts) == 1 else None, stack=True)
 
 
 def merge_rows(rows: PartSet, headers: Sequence[PartHeader], *,
@@ -393,11 +385,12 @@ def merge_rows(rows: PartSet, headers: Sequence[PartHeader], *,
                slo: Mapping[str, float] | None = None,
                inputs: list[dict[str, Any]] | None = None,
                regime: RegimeSetup | None = None, report: ReportRows | None = None,
-               assembly: Assembly | None = None) -> Analysis:
+               assembly: Assembly | None = None, stack: bool = False) -> Analysis:
     """The `Analysis` of a trace's parts from their ``PartRows`` where they are kept
     (``order_stats.PartSet``: in memory, or spilled by a driver that holds none of their
     requests) and their `PartHeader` s; its summary is ``summary_of`` the rows, its
-    attribution a `StackedAttribution` of them. Arguments as `merge`'s.
+    attribution a `StackedAttribution` of them (with ``stack``, rows in memory, a plain
+    ``Attribution``, its frames stacked now). Arguments as `merge`'s.
 
     Raises:
         ValueError: no parts, parts attributed at different boundaries or policies, or an
@@ -417,7 +410,14 @@ def merge_rows(rows: PartSet, headers: Sequence[PartHeader], *,
     summary.inputs = inputs
     supported = tuple(name for name in BOUNDARY_NAMES
                       if any(name in h.boundaries for h in headers))
-    attr = StackedAttribution(boundary, policy, quality, rows, [h.requests for h in headers])
+    counts = [h.requests for h in headers]
+    if stack:
+        frames = _stacked_frames(rows.map(lambda p: p.attribution), counts)
+        attr: Attribution = Attribution(boundary, policy, frames["requests"],
+                                        frames["attributed"], frames["covered"], frames["raw"],
+                                        quality, frames["failed"])
+    else:
+        attr = StackedAttribution(boundary, policy, quality, rows, counts)
     return Analysis(attr, summary, metadata, slo or None, supported, report, regime, assembly)
 
 

@@ -22,15 +22,15 @@ import pandas as pd
 from pyarrow import feather
 
 from ttft.analysis.after_first_token import KEYS
-from ttft.analysis.attribution import Attribution
-from ttft.analysis.order_stats import PartSet, exact_sum, medians, percentiles
+from ttft.analysis.attribution import FRAMES, Attribution
+from ttft.analysis.order_stats import InMemory, PartSet, exact_sum, percentiles
 from ttft.analysis.quality import EXAMPLES_KEPT, Quality
 from ttft.analysis.request_values import RequestValues
 from ttft.tracer.schema import OUTCOMES
 
 __all__ = ["PartRows", "after_first_token", "failed_first_token", "failure_counts",
-           "failure_examples", "kv_transfer", "load_figures", "ms_figures", "stage_rows",
-           "tail_rows"]
+           "failure_examples", "kv_transfer", "load_figures", "ms_figures", "one_part",
+           "stage_rows", "stages", "tail_rows"]
 
 _NS_PER_MS = 1e6
 PERCENTILES = (50, 90, 99)
@@ -41,10 +41,8 @@ Select = Callable[["PartRows"], np.ndarray] | None
 class PartRows:
     """One part's attribution and request values, their arrays decoded once; `save` and
     `load` write and read them as files (``order_stats.Spilled``): the frames as Arrow
-    IPC, the arrays as ``.npy``. What is read back has no defects (a part's defects go
+    IPC, the arrays as ``.npz``. What is read back has no defects (a part's defects go
     with its ``analysis.part.PartHeader``)."""
-
-    _FRAMES = ("requests", "attributed", "covered", "raw", "failed")
 
     def __init__(self, attribution: Attribution, values: RequestValues) -> None:
         self.attribution = attribution
@@ -53,7 +51,7 @@ class PartRows:
     @staticmethod
     def save(rows: PartRows, directory: str) -> None:
         attr, values = rows.attribution, rows.values
-        frames = {name: getattr(attr, name) for name in PartRows._FRAMES}
+        frames = {name: getattr(attr, name) for name in FRAMES}
         frames["transfers"] = values.transfers
         for name, frame in frames.items():
             feather.write_feather(frame, os.path.join(directory, f"{name}.arrow"),
@@ -75,7 +73,7 @@ class PartRows:
 
         with open(os.path.join(directory, "attribution.json")) as f:
             said = json.load(f)
-        frames = {name: frame(name) for name in PartRows._FRAMES}
+        frames = {name: frame(name) for name in FRAMES}
         failed = frames["failed"]
         if "status_code" in failed and failed["status_code"].dtype.kind == "f":
             # Arrow gives ints with nulls back as floats; the frame holds ints and None
@@ -112,8 +110,9 @@ class PartRows:
         return slice(None) if select is None else select(self)
 
 
-def _sum(found: list[Any]) -> Any:
-    return np.sum(found, axis=0) if found else 0
+def one_part(attr: Attribution, values: RequestValues | None = None) -> InMemory:
+    """One attribution (and its values, else none) as the one part of a `PartSet`."""
+    return InMemory([PartRows(attr, values or RequestValues({}, {}, pd.DataFrame()))])
 
 
 def stages(parts: PartSet) -> np.ndarray:
@@ -132,7 +131,11 @@ def ms_figures(parts: PartSet, column: Callable[[PartRows], np.ndarray]
                            PERCENTILES)
     if found is None:
         return None
-    n, total = np.sum(parts.map(lambda p: (len(column(p)), int(column(p).sum()))), axis=0)
+    def sums(p: PartRows) -> tuple[int, int]:
+        values = column(p)
+        return len(values), int(values.sum())
+
+    n, total = np.sum(parts.map(sums), axis=0)
     out = {f"p{q}": float(v) for q, v in zip(PERCENTILES, found, strict=True)}
     out["mean"] = float(np.int64(total) / int(n) / _NS_PER_MS)
     return out
@@ -340,4 +343,3 @@ def kv_transfer(parts: PartSet) -> dict[str, Any] | None:
     return out
 
 
-__all__ += ["medians", "stages"]

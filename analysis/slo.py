@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.load import SLO_METRICS, check_slo, meeting_slo
-from ttft.analysis.order_stats import InMemory, PartSet, medians, percentiles
-from ttft.analysis.part_figures import PartRows, stages
+from ttft.analysis.load import check_slo, goodput_figures, meeting_slo
+from ttft.analysis.order_stats import PartSet, medians, percentiles
+from ttft.analysis.part_figures import PartRows, one_part, stages
 
 __all__ = ["MAX_EXHAUSTIVE", "goodput_summary", "slo_attribution", "slo_figures"]
 
@@ -54,10 +54,7 @@ def slo_attribution(attr: Attribution, slo_ms: float) -> dict[str, Any] | None:
         median does not) with ``p99_after_ms`` and ``search`` (``exhaustive`` or
         ``greedy``).
     """
-    from ttft.analysis.request_values import RequestValues
-
-    empty = RequestValues({}, {}, pd.DataFrame())
-    return slo_figures(InMemory([PartRows(attr, empty)]), slo_ms)
+    return slo_figures(one_part(attr), slo_ms)
 
 
 def slo_figures(parts: PartSet, slo_ms: float) -> dict[str, Any] | None:
@@ -174,13 +171,7 @@ def goodput_summary(parts: PartSet, slo: Mapping[str, float] | None,
     check_slo(slo)
     meeting = sum(parts.map(lambda p: meeting_slo(p.values.load, slo)))
     total = sum(parts.map(lambda p: len(p.ttft) + len(p.attribution.failed)))
-    out: dict[str, Any] = {
-        "slo": {f"{n}_ms": float(slo[n]) for n in SLO_METRICS if n in slo},
-        "requests": meeting,
-        "share": meeting / total if total else 0.0,
-        "per_s": (meeting / (duration_ns / 1e9)
-                  if duration_ns is not None and duration_ns > 0 else None),
-    }
+    out: dict[str, Any] = goodput_figures(slo, meeting, total, duration_ns)
     if "ttft" in slo:
         out["ttft_stages"] = slo_figures(parts, slo["ttft"])
     return out

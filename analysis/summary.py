@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.load import check_slo
-from ttft.analysis.order_stats import InMemory, PartSet
+from ttft.analysis.load import check_slo, per_s
+from ttft.analysis.order_stats import PartSet
 from ttft.analysis.part_figures import (
     PERCENTILES,
     PartRows,
@@ -29,6 +29,7 @@ from ttft.analysis.part_figures import (
     kv_transfer,
     load_figures,
     ms_figures,
+    one_part,
     stage_rows,
     tail_rows,
 )
@@ -42,23 +43,6 @@ __all__ = ["BANDS", "PERCENTILES", "Summary", "clock_list", "percentile_bands",
            "stage_table", "summarize", "summary_of", "tail_mix"]
 
 
-def _mean_ms(ns: np.ndarray, axis: int | None = None) -> np.ndarray | float:
-    """The mean in ms of int64 ns from their exact integer sum: the same whatever the order
-    of the values (a float sum is not), so a dataset analysed in partitions gives the very
-    figures of one process."""
-    return np.asarray(ns, dtype=np.int64).sum(axis=axis) / len(ns) / _NS_PER_MS
-
-
-def _ms(values: np.ndarray) -> dict[str, float]:
-    """p50/p90/p99/mean in ms of a non-empty array of ns."""
-    ms = np.asarray(values, dtype=np.float64) / _NS_PER_MS
-    out = {
-        f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(ms, PERCENTILES), strict=True)
-    }
-    out["mean"] = float(_mean_ms(values))
-    return out
-
-
 def stage_table(attr: Attribution, rows: np.ndarray | None = None) -> pd.DataFrame:
     """Per stage with any time: attributed p50/p90/p99/mean, share, raw and overlap means.
 
@@ -70,19 +54,14 @@ def stage_table(attr: Attribution, rows: np.ndarray | None = None) -> pd.DataFra
         One row per stage (index: stage name), columns ``p50, p90, p99, mean, share,
         raw_mean, overlap_mean`` (ms, ``share`` a fraction), in canonical stage order.
     """
-    return stage_rows(_one(attr), None if rows is None else (lambda _: rows))
+    return stage_rows(one_part(attr), None if rows is None else (lambda _: rows))
 
 
 def tail_mix(attr: Attribution) -> pd.DataFrame:
     """Mean attributed ms per stage for the tail (TTFT at or above its p99) against the
     middle (TTFT between its p40 and p60; when no request lies there, as with a few
     requests, the ones nearest the median): columns ``tail_mean``, ``median_mean``."""
-    return tail_rows(_one(attr))
-
-
-def _one(attr: Attribution, values: RequestValues | None = None) -> InMemory:
-    """One attribution (and its values) as the one part of a `PartSet`."""
-    return InMemory([PartRows(attr, values or RequestValues({}, {}, pd.DataFrame()))])
+    return tail_rows(one_part(attr))
 
 
 def _stages_dict(table: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -199,7 +178,7 @@ def summarize(
     Raises:
         ValueError: an unknown SLO metric or a limit that is not positive.
     """
-    return summary_of(_one(attr, values), attr.boundary, attr.policy, attr.quality,
+    return summary_of(one_part(attr, values), attr.boundary, attr.policy, attr.quality,
                       trace=trace, schema_version=schema_version, slo=slo)
 
 
@@ -267,16 +246,13 @@ def _load_dict(found: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     duration = found["duration_ns"]
 
-    def per_s(count: int) -> float | None:
-        return count / (duration / 1e9) if duration > 0 else None
-
     e2e = found["e2e"]
     return {
         "duration_s": duration / 1e9,
         "requests": found["requests"],
-        "requests_per_s": per_s(found["requests"]),
+        "requests_per_s": per_s(found["requests"], duration),
         "output_tokens": found["output_tokens"],
-        "output_tokens_per_s": per_s(found["output_tokens"]),
+        "output_tokens_per_s": per_s(found["output_tokens"], duration),
         "e2e_ms": None if e2e is None else {**e2e, "requests": found["requests"]},
         "content_filter": found["content_filter"],
     }
