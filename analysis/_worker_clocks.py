@@ -38,12 +38,14 @@ then by an offset of its own when the two contradict causality. The rule, exactl
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ttft.analysis._clock_kinds import K_PREFILL, host_clocks
-from ttft.analysis.clock_offset import ClockOffset, settled
+from ttft.analysis.clock_offset import ClockOffset, misfit_counter, settled
+from ttft.analysis.order_stats import PartSet, order_statistics
 
 UNBOUNDED = np.iinfo(np.int64).max
 """``hi`` of a request with no prefill span on the worker clock."""
@@ -101,31 +103,36 @@ def worker_bounds(
     return out
 
 
-def worker_offsets(
-    bounds: Mapping[tuple[str, str], tuple[np.ndarray, np.ndarray]], servers: Mapping[str, int]
-) -> list[ClockOffset]:
+def worker_offsets(parts: PartSet, sizes: Mapping[tuple[str, str], int],
+                   servers: Mapping[str, int]) -> list[ClockOffset]:
     """One offset per worker clock (``client_clock``: its server clock), sorted by worker
-    clock: its pair with the most requests (ties: by server clock). A clock that is also
-    a server clock (``servers``: its server pair's requests) is a worker only where its
-    worker pair has more requests."""
+    clock: its pair with the most requests (``sizes``: each pair's over the bounds of
+    every part; ties: by server clock). A clock that is also a server clock (``servers``:
+    its server pair's requests) is a worker only where its worker pair has more
+    requests."""
     chosen: dict[str, tuple[str, str]] = {}
-    for key in sorted(bounds):
+    for key in sorted(sizes):
         worker = key[1]
         best = chosen.get(worker)
-        if best is None or len(bounds[key][0]) > len(bounds[best][0]):
+        if best is None or sizes[key] > sizes[best]:
             chosen[worker] = key
-    return [_pair(*chosen[w], *bounds[chosen[w]]) for w in sorted(chosen)
-            if len(bounds[chosen[w]][0]) > servers.get(w, 0)]
+    return [_pair(parts, chosen[w], sizes[chosen[w]]) for w in sorted(chosen)
+            if sizes[chosen[w]] > servers.get(w, 0)]
 
 
-def _pair(server_clock: str, worker_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
-    n = len(lo)
+def _pair(parts: PartSet, key: tuple[str, str], n: int) -> ClockOffset:
     outer = min(max(1, n // 100), n - 1)  # requests left out at each end of the range
-    low = int(np.partition(lo, n - 1 - outer)[n - 1 - outer])
-    high = int(np.partition(hi, outer)[outer])
+
+    def side(i: int) -> Callable[[Any], np.ndarray]:
+        return lambda bounds: bounds[key][i] if key in bounds else np.empty(0, np.int64)
+
+    found_lo, found_hi = order_statistics(parts, [side(0), side(1)],
+                                          lambda m: [outer, m - 1 - outer])
+    assert found_lo is not None and found_hi is not None  # the pair has n > 0 requests
+    low, high = int(found_lo[n - 1 - outer]), int(found_hi[outer])
     if high == UNBOUNDED:
         guess, spread = low, 0
     else:
         guess, spread = (low + high) // 2, high - low
-    return settled(server_clock, worker_clock, lo, hi, guess, spread, misfits=outer, agreed=True,
-                   bounded=high != UNBOUNDED)
+    return settled(*key, n, misfit_counter(parts, key), guess, spread, misfits=outer,
+                   agreed=True, bounded=high != UNBOUNDED)

@@ -5,9 +5,13 @@ applied (`settled`), shared by the server pairs (``analysis.clocks``) and the wo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from ttft.analysis.order_stats import PartSet
 
 MIN_REQUESTS = 10
 """Fewest requests with both a client and a server interval before an offset is applied."""
@@ -57,15 +61,31 @@ def in_range(t_ns: np.ndarray) -> np.ndarray:
     return (t_ns > -TIME_LIMIT_NS) & (t_ns < TIME_LIMIT_NS)
 
 
-def settled(reference: str, clock: str, lo: np.ndarray, hi: np.ndarray, guess: int,
+def misfit_counter(parts: PartSet, key: Any) -> Callable[[int], int]:
+    """How many requests of the pair ``key`` do not fit at an offset (``lo > offset`` or
+    ``hi < offset``), over the bounds of every part (each a ``{key: (lo, hi)}``; one pass
+    a call)."""
+    def count(offset: int) -> int:
+        def one(bounds: Any) -> int:
+            if key not in bounds:
+                return 0
+            lo, hi = bounds[key]
+            return int(((lo > offset) | (hi < offset)).sum())
+
+        return sum(parts.map(one))
+
+    return count
+
+
+def settled(reference: str, clock: str, n: int, misfit: Callable[[int], int], guess: int,
             spread: int, *, misfits: int, agreed: bool, bounded: bool = True) -> ClockOffset:
-    """The pair's `ClockOffset` at the estimate ``guess``: applied when at least
+    """The pair's `ClockOffset` at the estimate ``guess``, over its ``n`` requests
+    (``misfit(offset)``: how many do not fit at an offset, `misfit_counter`): applied when at least
     `MIN_REQUESTS` requests took part, more than ``misfits`` do not fit at offset 0
     (``lo > 0`` or ``hi < 0``), fewer do at ``guess``, the requests ``agreed`` on it, and a
     moved time stays inside int64."""
-    before = int(((lo > 0) | (hi < 0)).sum())
-    at_guess = int(((lo > guess) | (hi < guess)).sum())
-    n = len(lo)
+    before = misfit(0)
+    at_guess = misfit(guess)
     applied = (n >= MIN_REQUESTS and before > misfits and at_guess < before and agreed
                and abs(guess) < TIME_LIMIT_NS)
     return ClockOffset(

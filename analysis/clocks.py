@@ -62,7 +62,8 @@ from ttft.analysis._clock_kinds import (
 )
 from ttft.analysis._grouping import Decoded, decode, group
 from ttft.analysis._worker_clocks import worker_bounds, worker_offsets
-from ttft.analysis.clock_offset import ClockOffset, settled
+from ttft.analysis.clock_offset import ClockOffset, misfit_counter, settled
+from ttft.analysis.order_stats import InMemory, PartSet, percentiles
 from ttft.tracer.schema import CLIENT_CLOCK
 
 _NONE = np.iinfo(np.int64).min
@@ -74,17 +75,22 @@ from a set of requests, so that parts of a trace (a dataset's partitions, each h
 whole requests) are estimated together exactly as the whole would be."""
 
 
-def offsets_from_bounds(parts: Sequence[Bounds]) -> list[ClockOffset]:
-    """The offsets of every pair over the requests of all ``parts``: the server clocks'
-    (sorted by server clock), then the worker clocks' (`_worker_clocks.worker_offsets`)."""
-    keys = {key for part in parts for key in part}
-
-    def joined(key: str | tuple[str, str]) -> tuple[np.ndarray, np.ndarray]:
-        return (np.concatenate([part[key][0] for part in parts if key in part]),
-                np.concatenate([part[key][1] for part in parts if key in part]))
-
-    servers = [_pair(name, *joined(name)) for name in sorted(k for k in keys if isinstance(k, str))]
-    workers = worker_offsets({key: joined(key) for key in keys if isinstance(key, tuple)},
+def offsets_from_bounds(parts: Sequence[Bounds] | PartSet) -> list[ClockOffset]:
+    """The offsets of every pair over the requests of all ``parts`` (their `Bounds`, in
+    memory or a `PartSet` of them: a dataset's partitions' bounds spilled to disk, read
+    back a part at a time, so that the process holds none of the requests' bounds): the
+    server clocks' (sorted by server clock), then the worker clocks'
+    (`_worker_clocks.worker_offsets`). The same figures either way: percentiles and order
+    statistics over the parts (``order_stats``) equal numpy's of the requests together."""
+    if not isinstance(parts, PartSet):
+        parts = InMemory(parts)
+    sizes: dict[str | tuple[str, str], int] = {}
+    for found in parts.map(lambda b: {key: len(lo) for key, (lo, _) in b.items()}):
+        for key, n in found.items():
+            sizes[key] = sizes.get(key, 0) + n
+    servers = [_pair(parts, name, sizes[name])
+               for name in sorted(k for k in sizes if isinstance(k, str))]
+    workers = worker_offsets(parts, {key: n for key, n in sizes.items() if isinstance(key, tuple)},
                              {o.server_clock: o.requests for o in servers})
     taken = {o.server_clock for o in workers}  # those clocks are workers, not servers
     return [o for o in servers if o.server_clock not in taken] + workers
@@ -133,12 +139,17 @@ def bounds(
     return out
 
 
-def _pair(server_clock: str, lo: np.ndarray, hi: np.ndarray) -> ClockOffset:
-    per_request = (lo.astype(np.float64) + hi.astype(np.float64)) / 2
-    q25, median, q75 = np.percentile(per_request, [25, 50, 75])
+def _pair(parts: PartSet, server_clock: str, n: int) -> ClockOffset:
+    def per_request(bounds: Bounds) -> np.ndarray:
+        if server_clock not in bounds:
+            return np.empty(0, np.float64)
+        lo, hi = bounds[server_clock]
+        return (lo.astype(np.float64) + hi.astype(np.float64)) / 2
+
+    ((q25, median, q75),) = percentiles(parts, [per_request], [25, 50, 75])
     guess, spread = int(round(median)), int(round(q75 - q25))
-    return settled(CLIENT_CLOCK, server_clock, lo, hi, guess, spread, misfits=len(lo) // 2,
-                   agreed=spread < abs(guess))
+    return settled(CLIENT_CLOCK, server_clock, n, misfit_counter(parts, server_clock), guess,
+                   spread, misfits=n // 2, agreed=spread < abs(guess))
 
 
 def _first(req: np.ndarray, t: np.ndarray, n_req: int) -> np.ndarray:

@@ -21,17 +21,18 @@ whatever the number of parts.
 from __future__ import annotations
 
 import abc
+import json
 import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BATCH", "BINS", "FETCH_LIMIT", "InMemory", "PartSet", "Spilled", "exact_sum", "medians",
-           "percentiles"]
+__all__ = ["BATCH", "BINS", "FETCH_LIMIT", "InMemory", "Keyed", "PartSet", "Spilled", "exact_sum",
+           "load_keyed", "medians", "order_statistics", "percentiles", "save_keyed"]
 
 BINS = 1 << 12
 """Bins of one refinement pass."""
@@ -79,6 +80,33 @@ def _save_array(part: np.ndarray, directory: str) -> None:
 
 def _load_array(directory: str) -> np.ndarray:
     return np.load(os.path.join(directory, "values.npy"), allow_pickle=False)
+
+
+Keyed = Mapping[str | tuple[str, ...], Sequence[np.ndarray]]
+"""Arrays under keys (strings, or tuples of strings), a few to a key: such as a part's clock
+bounds (``analysis.clocks.Bounds``)."""
+
+
+def save_keyed(part: Keyed, directory: str) -> None:
+    """A `Spilled` ``save`` of `Keyed` arrays: their keys in ``keys.json``, their arrays in
+    ``arrays.npz`` (no pickle: the arrays are numbers)."""
+    keys = list(part)
+    with open(os.path.join(directory, "keys.json"), "w") as f:
+        json.dump([[k] if isinstance(k, str) else list(k) for k in keys], f)
+    np.savez(os.path.join(directory, "arrays.npz"),
+             **{f"{i}_{j}": a for i, k in enumerate(keys) for j, a in enumerate(part[k])})
+
+
+def load_keyed(directory: str) -> dict[str | tuple[str, ...], tuple[np.ndarray, ...]]:
+    """What `save_keyed` wrote."""
+    with open(os.path.join(directory, "keys.json")) as f:
+        keys = [k[0] if len(k) == 1 else tuple(k) for k in json.load(f)]
+    with np.load(os.path.join(directory, "arrays.npz"), allow_pickle=False) as found:
+        names = sorted(found.files, key=lambda n: tuple(int(x) for x in n.split("_")))
+        arrays: dict[int, list[np.ndarray]] = {}
+        for name in names:
+            arrays.setdefault(int(name.split("_")[0]), []).append(found[name])
+    return {k: tuple(arrays.get(i, ())) for i, k in enumerate(keys)}
 
 
 class Spilled(PartSet):
@@ -192,6 +220,21 @@ def medians(parts: PartSet, columns: Sequence[Column]) -> list[float | None]:
             continue
         n, values = found
         out.append(float(np.median(np.asarray([values[int(r)] for r in middle(n)]))))
+    return out
+
+
+def order_statistics(parts: PartSet, columns: Sequence[Column],
+                     ranks: Callable[[int], Sequence[int]]) -> list[dict[int, Any] | None]:
+    """Per column, the values at the ranks ``ranks(n)`` names (0-based, of its ``n``
+    values over every part, sorted): ``np.partition(values, r)[r]`` for each, as
+    ``{rank: value}``; None for a column without values. A column with NaN has no order:
+    refused."""
+    out: list[dict[int, Any] | None] = []
+    for found in _order_statistics(parts, columns,
+                                   lambda n: np.unique(np.asarray(ranks(n), np.intp))):
+        if isinstance(found, float):
+            raise ValueError("order statistics of a column holding NaN")
+        out.append(None if found is None else found[1])
     return out
 
 

@@ -36,7 +36,7 @@ import pandas as pd
 
 from ttft.analysis.clock_offset import ClockOffset
 from ttft.analysis.clocks import offsets_from_bounds
-from ttft.analysis.order_stats import Spilled
+from ttft.analysis.order_stats import Spilled, load_keyed, save_keyed
 from ttft.analysis.part import (
     Part,
     PartHeader,
@@ -254,9 +254,8 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
     offsets: list[ClockOffset] | None = None
     steps = None
     if len(pieces) > 1:
-        surveys = run.map(_survey_task, location, pieces, regime is not None and rows,
-                          regime is not None, on_done=on_done)
-        offsets = offsets_from_bounds([s.bounds for s in surveys])
+        surveys, offsets = _surveyed(location, run, pieces, regime is not None and rows,
+                                     regime is not None, on_done)
         metadata, inputs = surveys[0].metadata, None
         setup = None if regime is None else regime_inputs(surveys, regime)
         if regime is not None and rows:
@@ -283,6 +282,26 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
     analysis = merge(parts, offsets=offsets, metadata=metadata, trace=str(location), slo=slo,
                      inputs=inputs, regime=setup)
     return _Run(analysis, parts, pieces, offsets, steps)
+
+
+def _surveyed(location: TraceLocation, run: Runner, pieces: list[Piece], steps: bool,
+              engine_info: bool, on_done: Callable[[], None] | None
+              ) -> tuple[list[Survey], list[ClockOffset]]:
+    """Every piece's `Survey` (without its bounds) and the clock offsets over all of
+    them: each piece's bounds spilled to disk as its survey comes (16 bytes a request and
+    server clock), so the driver holds none of them while it estimates."""
+    bounds = Spilled(save=save_keyed, load=load_keyed)
+    found: dict[Piece, Survey] = {}
+    order = {piece: k for k, piece in enumerate(pieces)}
+
+    def sink(piece: Piece, surveyed: Survey) -> None:
+        bounds.put(order[piece], surveyed.bounds)
+        found[piece] = replace(surveyed, bounds={})
+
+    run.map(_survey_task, location, pieces, steps, engine_info, on_done=on_done, sink=sink)
+    with bounds:
+        offsets = offsets_from_bounds(bounds)
+    return [found[k] for k in pieces], offsets
 
 
 def _spilled(location: TraceLocation, run: Runner, pieces: list[Piece],

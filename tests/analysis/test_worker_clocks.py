@@ -16,7 +16,9 @@ from test_part import in_partitions, one_process, split
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
-from ttft.analysis.clocks import apply_offsets, estimate_offsets
+from ttft.analysis.clocks import apply_offsets, estimate_offsets, offsets_from_bounds
+from ttft.analysis.order_stats import Spilled, load_keyed, save_keyed
+from ttft.analysis.part import survey
 from ttft.collectors.synthetic import generate
 from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES
 
@@ -115,6 +117,40 @@ def test_partitions_estimate_the_worker_as_the_whole_does(partitions):
         applied = {c["server_clock"]: c for c in single["clocks"] if c["applied"]}
         assert set(applied) == {SERVER, WORKER}
         assert abs(applied[WORKER]["offset_ms"] + 6) < 0.3
+
+
+@pytest.mark.parametrize(("partitions", "limit"), [(3, 1), (7, 4)])
+def test_spilled_bounds_refined_give_the_offsets_of_the_whole(partitions, limit):
+    """A Dask driver's estimate (each partition's bounds on disk, read back a part at a
+    time, at most ``limit`` values fetched around a rank) is the whole trace's, field for
+    field: the server pair's median and quartiles, the worker pair's order statistics and
+    every misfit count."""
+    skewed = moved(moved(disagg(), 40 * MS, (SERVER, WORKER, GPU)), 6 * MS, (WORKER, GPU))
+    whole = estimate_offsets(skewed)
+    in_memory = [survey(t).bounds for t in split(skewed, partitions)]
+    with Spilled(save=save_keyed, load=load_keyed) as spilled:
+        for k in reversed(range(partitions)):  # put in any order, read in part order
+            spilled.put(k, in_memory[k])
+        spilled.fetch_limit = limit
+        reads = []
+        spilled_map = spilled.map
+        spilled.map = lambda fn: reads.append(1) or spilled_map(fn)
+        found = offsets_from_bounds(spilled)
+    assert found == whole == offsets_from_bounds(in_memory)
+    assert {o.server_clock for o in found if o.applied} == {SERVER, WORKER}
+    assert len(reads) > 6  # refined pass by pass, not fetched at once
+
+
+def test_keyed_arrays_come_back_as_they_went():
+    bounds = {SERVER: (np.array([1, -2], np.int64), np.array([3, 4], np.int64)),
+              (SERVER, WORKER): (np.array([], np.int64), np.array([], np.int64))}
+    with Spilled(save=save_keyed, load=load_keyed) as spilled:
+        spilled.add(bounds)
+        (back,) = spilled.map(lambda b: b)
+    assert list(back) == list(bounds)
+    for key, arrays in bounds.items():
+        assert [a.tolist() for a in back[key]] == [a.tolist() for a in arrays]
+        assert all(a.dtype == np.int64 for a in back[key])
 
 
 def cancelled(tab: pa.Table, requests: int, early_ns: int) -> pa.Table:
