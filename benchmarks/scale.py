@@ -3,7 +3,7 @@
 
     python benchmarks/scale.py [--spans 10000000] [--partitions 16] [--sizes S1 S2]
                                [--rounds 2] [--chunk-spans 4000000] [--single-max-spans N]
-                               [--seed 0] [--quick] [--json PATH]
+                               [--seed 0] [--quick] [--datasets DIR] [--json PATH]
 
 The dataset is synthetic (``ttft.collectors.synthetic``, about 24 spans a request),
 generated in chunks of at most ``--chunk-spans`` spans so that no process ever holds all
@@ -39,6 +39,9 @@ Measured, in one run:
   ``client.run``; see `_peak_rss_bytes`) is read. Goals: ≤ 2 GiB per worker at every
   size, and the largest size's peak ≤ 1.25× the smallest's (independent of dataset size).
 
+With ``--datasets DIR`` the datasets are kept in ``DIR`` and a later run reuses them
+(the 100M-span dataset takes about half an hour to build here).
+
 The default (10M spans in 16 partitions; memory at 2.5M and 10M) finishes in about ten
 minutes on a 2-core machine. The issue's 100M-span run is
 ``--spans 100000000 --partitions 64`` (memory at 25M and 100M spans; about 4 GB of disk,
@@ -53,6 +56,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -137,6 +141,32 @@ def build_dataset(out: Path, spans: int, partitions: int, chunk_spans: int, seed
     info.pop("id", None)
     (out / DATASET_FILE).write_text(json.dumps(info, sort_keys=True))
     return {**info, "chunks": chunks, "build_s": time.perf_counter() - started}
+
+
+def _dataset(path: Path, size: int, partitions: int, args: argparse.Namespace
+             ) -> dict[str, Any]:
+    """`build_dataset` at ``path``; with ``--datasets``, one built there before (its
+    ``_ttft_dataset.json`` written, so whole) is reused, its build figures read from
+    ``spans-S.build.json`` beside it (None where it did not record them)."""
+    from ttft.collectors.dataset import DATASET_FILE
+
+    record = path.with_name(path.name + ".build.json")
+    if args.datasets and (path / DATASET_FILE).exists():
+        info = json.loads((path / DATASET_FILE).read_text())
+        if info["partitions"] != partitions:
+            raise SystemExit(f"{path} has {info['partitions']} partitions, not {partitions}: "
+                             "remove it or name another --datasets")
+        built = json.loads(record.read_text()) if record.exists() else {}
+        print(f"reusing {path} ({info['spans']:,} spans)", file=sys.stderr, flush=True)
+        return {**info, "chunks": built.get("chunks"), "build_s": built.get("build_s")}
+    if path.exists():
+        shutil.rmtree(path)  # a build that did not finish
+    print(f"building {size:,} spans in {partitions} partitions ...", file=sys.stderr,
+          flush=True)
+    info = build_dataset(path, size, partitions, args.chunk_spans, args.seed)
+    if args.datasets:
+        record.write_text(json.dumps({k: info[k] for k in ("chunks", "build_s")}))
+    return info
 
 
 def _cpu_s() -> float:
@@ -268,6 +298,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--memory-only", action="store_true",
                         help="only the memory runs at --sizes (the 100M-span check without "
                              "the hour of speed rounds)")
+    parser.add_argument("--datasets", type=Path, default=None, metavar="DIR",
+                        help="keep the datasets in DIR and reuse those a run built there "
+                             "before (default: a temporary directory, deleted at the end)")
     add_json_option(parser)
     args = parser.parse_args()
     if args.quick:
@@ -310,25 +343,26 @@ def main() -> None:
     if args.spans >= 100_000_000:
         print("note: the issue's 100M-span run; expect well over an hour on 2 cores",
               file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="ttft-scale-") as tmp:
+    with ExitStack() as scratch:
+        tmp = args.datasets or scratch.enter_context(
+            tempfile.TemporaryDirectory(prefix="ttft-scale-"))
         datasets: dict[int, tuple[Path, dict[str, Any]]] = {}
         wanted = set(args.sizes) if args.memory_only else {args.spans, *args.sizes}
         for size in sorted(wanted):
             path = Path(tmp) / f"spans-{size}"
             partitions = max(1, round(args.partitions * size / args.spans))
-            print(f"building {size:,} spans in {partitions} partitions ...", file=sys.stderr,
-                  flush=True)
-            datasets[size] = (path, build_dataset(path, size, partitions, args.chunk_spans,
-                                                  args.seed))
+            datasets[size] = (path, _dataset(path, size, partitions, args))
         path, info = datasets[args.spans if not args.memory_only else args.sizes[-1]]
         speed = (None if args.memory_only else
                  measure_speed(path, args.rounds, info["spans"] <= args.single_max_spans))
         memory = {size: measure_memory(datasets[size][0]) for size in args.sizes}
     for size in sorted(datasets):
         built = datasets[size][1]
+        how = ("built before" if built["build_s"] is None else
+               f"generated in {built['chunks']} chunk(s) and written in "
+               f"{built['build_s']:.1f} s")
         print(f"dataset: {built['spans']:,} spans (+{built['copies']:,} borrowed step rows) in "
-              f"{built['partitions']} partitions, generated in {built['chunks']} chunk(s) and "
-              f"written in {built['build_s']:.1f} s; {os.cpu_count()} CPUs"
+              f"{built['partitions']} partitions, {how}; {os.cpu_count()} CPUs"
               f"{' (--quick)' if args.quick else ''}")
     rate = {} if speed is None else _print_speed(info, speed, args.rounds)
     print(f"\n{'memory: dataset spans':<26}{'partitions':>11}{'spans/part':>12}"
@@ -364,6 +398,10 @@ def main() -> None:
                 for s in args.sizes]
     figures.append(Figure("scale", f"peak RSS, {large / small:.0f}× the spans", growth, "×",
                           f"≤ {GOAL_PEAK_GROWTH}", growth <= GOAL_PEAK_GROWTH))
+    driver = {s: memory[s][2] / GIB for s in args.sizes}
+    figures += [Figure("scale", f"driver's peak RSS, {datasets[s][1]['spans'] / 1e6:.2g}M "
+                       f"spans", driver[s], "GiB", f"≤ {GOAL_PEAK_GIB}",
+                       driver[s] <= GOAL_PEAK_GIB) for s in args.sizes]
     write(args.json, figures)
 
 
