@@ -223,7 +223,7 @@ def with_report(analysis: Analysis, options: Mapping[str, Any] | None = None) ->
     if options is not None or setup is None:
         setup = regime_setup(analysis.assembly.rows.table, analysis.metadata, **(options or {}))
     rows = report_rows(analysis.assembly, ReportInputs(None, setup))
-    return replace(analysis, report=rows, regime=setup)
+    return replace(analysis, report=rows, regime=setup, regime_result=setup.result(rows.regime))
 
 
 def analyze_part(table: pa.Table, *, offsets: Sequence[clocks.ClockOffset] | None = None,
@@ -372,7 +372,9 @@ def merge(parts: Sequence[Part], *, offsets: Sequence[clocks.ClockOffset] | None
     """
     if not parts:
         raise ValueError("no parts to merge")
-    rows = InMemory([PartRows(part.attribution, part.values) for part in parts])
+    rows = InMemory([PartRows(part.attribution, part.values,
+                              None if part.report is None else part.report.regime)
+                     for part in parts])
     headers = [PartHeader.of(part) for part in parts]
     return merge_rows(rows, headers, offsets=offsets, metadata=metadata, trace=trace, slo=slo,
                       inputs=inputs, regime=regime, report=_merged_report(parts),
@@ -389,6 +391,7 @@ def merge_rows(rows: PartSet, headers: Sequence[PartHeader], *,
     """The `Analysis` of a trace's parts from their ``PartRows`` where they are kept
     (``order_stats.PartSet``: in memory, or spilled by a driver that holds none of their
     requests) and their `PartHeader` s; its summary is ``summary_of`` the rows, its
+    regime's figures (with ``regime``) ``RegimeSetup.result_of`` their chunks, its
     attribution a `StackedAttribution` of them (with ``stack``, rows in memory, a plain
     ``Attribution``, its frames stacked now). Arguments as `merge`'s.
 
@@ -418,7 +421,9 @@ def merge_rows(rows: PartSet, headers: Sequence[PartHeader], *,
                                         quality, frames["failed"])
     else:
         attr = StackedAttribution(boundary, policy, quality, rows, counts)
-    return Analysis(attr, summary, metadata, slo or None, supported, report, regime, assembly)
+    found = None if regime is None else regime.result_of(rows, lambda p: p.chunks)
+    return Analysis(attr, summary, metadata, slo or None, supported, report, regime, found,
+                    assembly)
 
 
 def locate(parts: Sequence[Part], request: int) -> tuple[int, int]:

@@ -39,20 +39,26 @@ Select = Callable[["PartRows"], np.ndarray] | None
 
 
 class PartRows:
-    """One part's attribution and request values, their arrays decoded once; `save` and
-    `load` write and read them as files (``order_stats.Spilled``): the frames as Arrow
-    IPC, the arrays as ``.npz``. What is read back has no defects (a part's defects go
-    with its ``analysis.part.PartHeader``)."""
+    """One part's attribution and request values, their arrays decoded once, and its
+    chunks' regime rows (``analysis.regime.regime``; None where the regime was not asked
+    for or its model is not known); `save` and `load` write and read them as files
+    (``order_stats.Spilled``): the frames as Arrow IPC, the arrays as ``.npz``. What is
+    read back has no defects (a part's defects go with its ``analysis.part.PartHeader``)."""
 
-    def __init__(self, attribution: Attribution, values: RequestValues) -> None:
+    def __init__(self, attribution: Attribution, values: RequestValues,
+                 chunks: pd.DataFrame | None = None) -> None:
         self.attribution = attribution
         self.values = values
+        self.chunks = chunks
 
     @staticmethod
     def save(rows: PartRows, directory: str) -> None:
         attr, values = rows.attribution, rows.values
         frames = {name: getattr(attr, name) for name in FRAMES}
         frames["transfers"] = values.transfers
+        if rows.chunks is not None:  # its attrs (the peaks it was costed with) stay here
+            frames["chunks"] = pd.DataFrame(rows.chunks, copy=False)
+            frames["chunks"].attrs = {}
         for name, frame in frames.items():
             feather.write_feather(frame, os.path.join(directory, f"{name}.arrow"),
                                   compression="uncompressed")
@@ -83,8 +89,10 @@ class PartRows:
         attr = Attribution(said["boundary"], said["policy"], frames["requests"],
                            frames["attributed"], frames["covered"], frames["raw"], Quality(),
                            frames["failed"])
+        chunks = (frame("chunks") if os.path.exists(os.path.join(directory, "chunks.arrow"))
+                  else None)
         return PartRows(attr, RequestValues(arrays("after_first_token"), arrays("load"),
-                                            frame("transfers")))
+                                            frame("transfers")), chunks)
 
     @cached_property
     def att(self) -> np.ndarray:

@@ -16,8 +16,8 @@ exported here. Pure: no I/O, no torch.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,16 @@ from ttft.analysis._model_device import (
 )
 from ttft.analysis._request_columns import request_columns
 from ttft.analysis.assemble import Assembly
+from ttft.analysis.order_stats import InMemory, PartSet
+from ttft.analysis.roofline import (
+    SUMMARY_COLUMNS,
+    RooflineExcess,
+    chunk_bucket,
+    regime_figures,
+    regime_summary,
+    roofline_excess,
+    roofline_place,
+)
 from ttft.tracer.schema import ATTR_CACHED_TOKENS, ATTR_CHUNK_TOKENS, ATTR_CONTEXT_TOKENS
 
 __all__ = [
@@ -166,168 +176,29 @@ def _roofline(df: pd.DataFrame, peaks: Peaks | None) -> None:
         df[name] = placed[name]
 
 
-def roofline_place(
-    peaks: Peaks | None, intensity: Any, achieved_flops_per_s: Any
-) -> dict[str, Any]:
-    """Where work of ``intensity`` FLOP/B that ran at ``achieved_flops_per_s`` sits on the
-    roofline of ``peaks`` (arrays or scalars, element by element): ``bound`` (``compute``
-    at or above the ridge, else ``memory``; None without peaks), ``attainable_flops_per_s``
-    ``min(peak, intensity·bandwidth)``, ``above_roofline`` (achieved > attainable) and
-    ``roofline_fraction`` achieved/attainable, NaN where above the roofline, where achieved
-    is NaN or without peaks. The one rule of `regime`, `regime_summary` and
-    ``ttft profile-prefill``.
-    """
-    intensity = np.asarray(intensity, dtype=np.float64)
-    achieved = np.asarray(achieved_flops_per_s, dtype=np.float64)
-    if peaks is None:
-        nan = np.full(np.broadcast(intensity, achieved).shape, np.nan)
-        out = {"bound": np.full(nan.shape, None, dtype=object), "attainable_flops_per_s": nan,
-               "roofline_fraction": nan, "above_roofline": np.zeros(nan.shape, bool)}  # fmt: skip
-    else:
-        attainable = np.minimum(peaks.flops_per_s, intensity * peaks.bytes_per_s)
-        above = achieved > attainable  # NaN compares False
-        with np.errstate(divide="ignore", invalid="ignore"):
-            fraction = np.where(above, np.nan, achieved / attainable)
-        bound = np.where(intensity >= peaks.ridge, "compute", "memory").astype(object)
-        out = {"bound": bound, "attainable_flops_per_s": attainable,
-               "roofline_fraction": fraction, "above_roofline": above}  # fmt: skip
-    if intensity.ndim == 0 and achieved.ndim == 0:
-        return {k: v.item() for k, v in out.items()}
-    return out
-
-
-@dataclass(frozen=True)
-class RooflineExcess:
-    """How far a trace's chunks went past the roofline of ``peaks`` (`roofline_excess`).
-
-    ``chunks`` of ``of_chunks`` ran above their attainable FLOP/s; the best achieved
-    FLOP/s and bytes/s (bytes by the cost model) over all chunks; ``flops`` and ``bytes``
-    whether those best rates exceed the peak FLOP/s and the peak bandwidth themselves. The
-    device can do at least the best rates, whatever the peaks say.
-    """
-
-    chunks: int
-    of_chunks: int
-    best_flops_per_s: float
-    best_bytes_per_s: float
-    flops: bool
-    bytes: bool
-
-
-def roofline_excess(frame: pd.DataFrame, peaks: Peaks | None = None) -> RooflineExcess | None:
-    """What `regime`'s ``frame`` achieved beyond ``peaks`` (default: those it used,
-    ``frame.attrs["peaks"]``): None without peaks or when every chunk is on or under its
-    roofline."""
-    peaks = peaks if peaks is not None else frame.attrs.get("peaks")
-    if peaks is None or frame.empty:
-        return None
-    achieved = frame["achieved_flops_per_s"].to_numpy(np.float64)
-    intensity = frame["intensity"].to_numpy(np.float64)
-    above = roofline_place(peaks, intensity, achieved)["above_roofline"]
-    if not above.any():
-        return None
-    seconds = frame["dur_ns"].to_numpy(np.float64) / 1e9
-    with np.errstate(divide="ignore", invalid="ignore"):
-        moved = np.where(seconds > 0, frame["bytes"].to_numpy(np.float64) / seconds, np.nan)
-    best_flops = float(np.nanmax(achieved))
-    best_bytes = float(np.nanmax(moved))
-    return RooflineExcess(
-        chunks=int(above.sum()),
-        of_chunks=len(frame),
-        best_flops_per_s=best_flops,
-        best_bytes_per_s=best_bytes,
-        flops=best_flops > peaks.flops_per_s,
-        bytes=best_bytes > peaks.bytes_per_s,
-    )
-
-
-SUMMARY_COLUMNS = (
-    "condition", "chunk_bucket", "chunks", "tokens", "median_intensity", "ridge", "bound",
-    "compute_bound_share", "achieved_flops_per_s", "attainable_flops_per_s",
-    "roofline_fraction", "above_roofline",
-)  # fmt: skip
-
-
-def chunk_bucket(chunk_tokens: int) -> str:
-    """Power-of-two bucket of a chunk size: ``"1"``, ``"2-3"``, …, ``"256-511"``."""
-    if chunk_tokens <= 1:
-        return "1"
-    lo = 1 << (int(chunk_tokens).bit_length() - 1)
-    return f"{lo}-{2 * lo - 1}"
-
-
-def regime_summary(frame: pd.DataFrame, peaks: Peaks | None = None) -> pd.DataFrame:
-    """Per condition (``cold``, ``prefix_hit``, then ``all``, which mixes both and chunks
-    of unknown condition, left out when every chunk is of one of the two) and chunk
-    bucket (`chunk_bucket`, ascending, then ``all``): chunks, tokens, the median chunk
-    intensity, the ridge, ``bound`` and the achieved, attainable and fraction figures of
-    the group as a whole (its FLOPs over its bytes and over its summed duration, placed by
-    `roofline_place`: no fraction and ``above_roofline`` True where the group beat its
-    roofline), and ``compute_bound_share`` (of its chunks). ``peaks`` defaults to those
-    `regime` used (``frame.attrs["peaks"]``); without any, the roofline columns are NaN
-    and ``bound`` None.
-    """
-    if frame.empty:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in SUMMARY_COLUMNS})
-    peaks = peaks if peaks is not None else frame.attrs.get("peaks")
-    ridge = peaks.ridge if peaks is not None else math.nan
-    buckets = frame["chunk_tokens"].map(chunk_bucket)
-    order = sorted(set(buckets), key=lambda b: int(b.split("-")[0]))
-    groups: list[tuple[str, str, pd.Series]] = []
-    cond = frame["condition"]
-    one = cond.iloc[0] if cond.notna().all() and cond.nunique() == 1 else None
-    for name in ("cold", "prefix_hit", "all"):
-        in_cond = pd.Series(True, index=frame.index) if name == "all" else cond == name
-        if not in_cond.any() or (name == "all" and one in ("cold", "prefix_hit")):
-            continue
-        for bucket in [*order, "all"]:
-            mask = in_cond & (buckets == bucket) if bucket != "all" else in_cond
-            if mask.any():
-                groups.append((name, bucket, mask))
-    out = []
-    for name, bucket, mask in groups:
-        g = frame[mask]
-        flops, nbytes = float(g["flops"].sum()), float(g["bytes"].sum())
-        seconds = float(g["dur_ns"].clip(lower=0).sum()) / 1e9
-        achieved = flops / seconds if seconds > 0 else math.nan
-        intensity = flops / nbytes
-        placed = roofline_place(peaks, intensity, achieved)
-        out.append(
-            {
-                "condition": name,
-                "chunk_bucket": bucket,
-                "chunks": len(g),
-                "tokens": int(g["chunk_tokens"].sum()),
-                "median_intensity": float(g["intensity"].median()),
-                "ridge": ridge,
-                "bound": placed["bound"],
-                "compute_bound_share": float((g["bound"] == "compute").mean()),
-                "achieved_flops_per_s": achieved,
-                "attainable_flops_per_s": placed["attainable_flops_per_s"],
-                "roofline_fraction": placed["roofline_fraction"],
-                "above_roofline": bool(placed["above_roofline"]),
-            }
-        )
-    return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))
-
-
 @dataclass
 class RegimeResult:
-    """A trace's regime (`compute_regime`): the per-chunk frame and its summary (None
-    without a model shape), the peaks (None without any) and the traced device's name."""
+    """A trace's regime (`compute_regime`): the per-chunk frame (None without a model
+    shape, or where the chunks were summarized where they are kept, as a Dask driver
+    does, and not gathered), its summary (None without a model shape) and how far the
+    chunks went past the peaks (`roofline_excess`: None when none did or there is no
+    roofline; found from ``frame`` when not given), the peaks (None without any) and the
+    traced device's name."""
 
     frame: pd.DataFrame | None
     summary: pd.DataFrame | None
     peaks: Peaks | None
     device_name: str | None
+    excess: RooflineExcess | None = None
+
+    def __post_init__(self) -> None:
+        if self.excess is None and self.frame is not None and self.peaks is not None:
+            self.excess = roofline_excess(self.frame, self.peaks)
 
     @property
-    def excess(self) -> RooflineExcess | None:
-        """How far the chunks went past the peaks (`roofline_excess`); None when none did
-        or there is no roofline."""
-        if self.frame is None or self.peaks is None:
-            return None
-        return roofline_excess(self.frame, self.peaks)
+    def model_known(self) -> bool:
+        """Whether the chunks were costed (the trace's model shape was known)."""
+        return self.summary is not None
 
 
 _CHUNK_ORDER = ["trace_id", "context_before", "chunk_tokens", "dur_ns"]
@@ -344,15 +215,24 @@ class RegimeSetup:
 
     def result(self, frame: pd.DataFrame | None) -> RegimeResult:
         """The `RegimeResult` of ``frame``, every chunk's `regime` row (None without a
-        model shape), sorted by request, then size, and summarized in that order: FLOPs
-        are summed as floats, so the order fixes the last bits, and chunks that came in
-        another order (a dataset's partitions) give the same result."""
+        model shape), sorted by request, then size, so that chunks that came in another
+        order (a dataset's partitions) give the same frame; its figures never depend on
+        the order (`roofline.regime_figures`)."""
         if frame is None:
             return RegimeResult(None, None, self.peaks, self.device_name)
         frame = frame.sort_values(_CHUNK_ORDER, kind="stable").reset_index(drop=True)
         frame.attrs["peaks"] = self.peaks
-        return RegimeResult(frame, regime_summary(frame, self.peaks), self.peaks,
-                            self.device_name)
+        return replace(self.result_of(InMemory([frame])), frame=frame)
+
+    def result_of(self, parts: PartSet, chunks_of: Callable[[Any], pd.DataFrame | None]
+                  = lambda p: p) -> RegimeResult:
+        """The `RegimeResult` of the chunks of every part (``chunks_of(part)``: its
+        `regime` rows), summarized where the parts are kept (a Dask driver's spilled
+        parts, read back one at a time), without the per-chunk frame."""
+        if self.shape is None:
+            return RegimeResult(None, None, self.peaks, self.device_name)
+        summary, excess = regime_figures(parts, self.peaks, chunks_of)
+        return RegimeResult(None, summary, self.peaks, self.device_name, excess)
 
 
 def regime_setup(

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ttft.analysis.assemble import Assembly
 from ttft.analysis.attribution import Attribution
-from ttft.analysis.regime import RegimeSetup
+from ttft.analysis.regime import RegimeResult, RegimeSetup
 from ttft.analysis.summary import Summary
 
 __all__ = ["Analysis", "ReportRows"]
@@ -42,7 +42,10 @@ class Analysis:
     prints (with its goodput against ``slo``, the limits in ms per metric, when given);
     ``metadata`` the trace's run metadata; ``boundaries`` those some request supports,
     outermost first; ``report`` the report's per-request rows and ``regime`` the regime's
-    setup, when the analysis was made for a report (else None); ``assembly`` the trace
+    setup, when the analysis was made for a report or the regime (else None), and
+    ``regime_result`` the regime's figures over every chunk (without the per-chunk frame,
+    which ``regime.result(report.regime)`` gives where the report rows are kept);
+    ``assembly`` the trace
     grouped into requests, every row decoded once, when it was analysed whole in this
     process (None when merged from partitions).
     """
@@ -54,6 +57,7 @@ class Analysis:
     boundaries: tuple[str, ...] = ()
     report: ReportRows | None = None
     regime: RegimeSetup | None = None
+    regime_result: RegimeResult | None = None
     assembly: Assembly | None = field(default=None, repr=False)
 
     @property

@@ -393,13 +393,13 @@ def main() -> None:
                            "spans/s"),
                     Figure("scale", "distributed summary = 1 process", float(speed["same"]),
                            "bool", "= 1", speed["same"])]
-    figures += [Figure("scale", f"peak RSS per worker, {datasets[s][1]['spans'] / 1e6:.2g}M "
+    figures += [Figure("scale", f"peak RSS per worker, {datasets[s][1]['spans'] / 1e6:.3g}M "
                        f"spans", peak[s], "GiB", f"≤ {GOAL_PEAK_GIB}", peak[s] <= GOAL_PEAK_GIB)
                 for s in args.sizes]
     figures.append(Figure("scale", f"peak RSS, {large / small:.0f}× the spans", growth, "×",
                           f"≤ {GOAL_PEAK_GROWTH}", growth <= GOAL_PEAK_GROWTH))
     driver = {s: memory[s][2] / GIB for s in args.sizes}
-    figures += [Figure("scale", f"driver's peak RSS, {datasets[s][1]['spans'] / 1e6:.2g}M "
+    figures += [Figure("scale", f"driver's peak RSS, {datasets[s][1]['spans'] / 1e6:.3g}M "
                        f"spans", driver[s], "GiB", f"≤ {GOAL_PEAK_GIB}",
                        driver[s] <= GOAL_PEAK_GIB) for s in args.sizes]
     write(args.json, figures)

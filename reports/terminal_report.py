@@ -290,9 +290,7 @@ def render_report(data: ReportData, console: Console) -> None:
     if found is not None:
         from ttft.reports.views.regime import render_regime
 
-        render_regime(
-            found.frame, found.summary, found.peaks, console, device_name=found.device_name
-        )
+        render_regime(found, console)
     render_quality(s, console)
     if data.metadata:
         console.print(_metadata(data.metadata))

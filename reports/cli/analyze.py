@@ -85,8 +85,8 @@ def analyze(
         else:
             print_summary(analysis, as_json=as_json)
         return
-    assert analysis.regime is not None and analysis.report is not None
-    found = analysis.regime.result(analysis.report.regime)
+    found = analysis.regime_result
+    assert found is not None
     if as_json:
         out = {**analysis.summary.to_dict(), "regime": _regime_json(found)}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
@@ -95,9 +95,7 @@ def analyze(
 
     if profile is None:
         print_summary(analysis)
-    render_regime(
-        found.frame, found.summary, found.peaks, stdout_console(), device_name=found.device_name
-    )
+    render_regime(found, stdout_console())
 
 
 def _write_per_request(attribution, path: Path) -> None:
@@ -150,6 +148,6 @@ def _regime_json(found) -> dict:
         # Chunks above the roofline (no fraction in their rows): the device did at least
         # the best rates, so no peak above stands as the device's.
         "above_roofline": None if excess is None else dataclasses.asdict(excess),
-        "model_known": found.frame is not None,
+        "model_known": found.model_known,
         "rows": rows,
     }

@@ -16,11 +16,11 @@ are ``analysis.part``'s, whatever the runner:
    holding them.
 
 The driver never holds a piece's spans. Analysing a dataset on Dask (no report), it holds
-none of its requests either: each part is spilled to disk as it comes
-(``order_stats.Spilled``) and the summary is made from reductions over the spilled parts,
-read one at a time, exact percentiles by histogram refinement (``analysis.order_stats``).
-What reads every request (``--per-request``, ``compare``'s bootstrap) stacks them then; a
-report keeps its parts in memory.
+none of its requests either: each part (its chunks' regime rows with ``--regime``) is
+spilled to disk as it comes (``order_stats.Spilled``), and the summary and the regime's
+figures are made from reductions over the spilled parts, read one at a time, exact
+percentiles by histogram refinement (``analysis.order_stats``). What reads every request
+together (``compare``'s bootstrap) stacks them then; a report keeps its parts in memory.
 
 Dask (``distributed``) is the ``dask`` extra: ``pip install 'ttft[dask]'``.
 """
@@ -264,10 +264,10 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
         ((metadata, inputs, setup),) = run.map(_whole_task, location, pieces, regime,
                                                on_done=on_done)
     report = None if regime is None else ReportInputs(None, setup, rows)
-    if report is None and not run.keeps:
-        analysis = _spilled(location, run, pieces, offsets, boundary, policy, on_done,
-                            metadata=metadata, trace=str(location), slo=slo, inputs=inputs,
-                            regime=setup)
+    if not rows and not run.keeps:
+        analysis = _spilled(location, run, pieces, offsets, boundary, policy, report,
+                            on_done, metadata=metadata, trace=str(location), slo=slo,
+                            inputs=inputs, regime=setup)
         return _Run(analysis, [], pieces, offsets, steps)
     keep = run.keeps
     parts = run.map(_part_task, location, pieces, offsets, boundary, policy, report, steps,
@@ -306,24 +306,27 @@ def _surveyed(location: TraceLocation, run: Runner, pieces: list[Piece], steps: 
 
 def _spilled(location: TraceLocation, run: Runner, pieces: list[Piece],
              offsets: list[ClockOffset] | None, boundary: str | None, policy: str,
-             on_done: Callable[[], None] | None, **merged: Any) -> Analysis:
+             report: ReportInputs | None, on_done: Callable[[], None] | None,
+             **merged: Any) -> Analysis:
     """The analysis of a dataset's pieces with a driver that holds none of their requests:
-    each part, as it comes, spilled to disk (``order_stats.Spilled``) but for its
-    `PartHeader`; the summary made from the spilled rows (``merge_rows``)."""
+    each part (with ``report``, the regime rows alone, its chunks' regime rows), as it
+    comes, spilled to disk (``order_stats.Spilled``) but for its `PartHeader`; the
+    summary and the regime's figures made from the spilled rows (``merge_rows``)."""
     rows = Spilled(save=PartRows.save, load=PartRows.load)
     headers: dict[Piece, PartHeader] = {}
     order = {piece: k for k, piece in enumerate(pieces)}
 
     def sink(piece: Piece, part: Part) -> None:
         headers[piece] = PartHeader.of(part)
-        rows.put(order[piece], PartRows(part.attribution, part.values))
+        chunks = None if part.report is None else part.report.regime
+        rows.put(order[piece], PartRows(part.attribution, part.values, chunks))
 
-    run.map(_part_task, location, pieces, offsets, boundary, policy, None, None, False,
+    run.map(_part_task, location, pieces, offsets, boundary, policy, report, None, False,
             on_done=on_done, sink=sink)
     chosen = boundary or default_boundary(list(headers.values()))
     again = [k for k in pieces if headers[k].boundary != chosen]
     if again:
-        run.map(_part_task, location, again, offsets, chosen, policy, None, None, False,
+        run.map(_part_task, location, again, offsets, chosen, policy, report, None, False,
                 sink=sink)
     return merge_rows(rows, [headers[k] for k in pieces], offsets=offsets, **merged)
 

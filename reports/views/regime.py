@@ -9,13 +9,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pandas as pd
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ttft.analysis.assemble import Assembly
-from ttft.analysis.regime import Peaks, RooflineExcess, roofline_excess
+from ttft.analysis.regime import Peaks, RegimeResult, RooflineExcess
 from ttft.reports._text import plain
 from ttft.reports.terminal import fit
 
@@ -116,23 +115,12 @@ def profile_line(metadata: dict[str, Any], asm: Assembly | None) -> str | None:
     )
 
 
-def render_regime(
-    frame: pd.DataFrame | None,
-    summary: pd.DataFrame | None,
-    peaks: Peaks | None,
-    console: Console,
-    *,
-    device_name: str | None = None,
-) -> None:
-    """Print the regime table of `ttft.analysis.regime.regime_summary`.
-
-    Args:
-        frame: `regime`'s per-chunk frame; None when the trace's model is not known.
-        summary: `regime_summary` of ``frame``.
-        peaks: the roofline used; None when neither the trace nor the flags give one.
-        device_name: the traced device's name, for the message when peaks are missing.
-    """
-    if frame is None:
+def render_regime(found: RegimeResult, console: Console) -> None:
+    """Print the regime table of a `ttft.analysis.regime.RegimeResult`: its summary, the
+    peaks used and how far the chunks went past them; what is missing (the model, the
+    peaks) and the flags that give it."""
+    summary, peaks, device_name = found.summary, found.peaks, found.device_name
+    if summary is None:
         console.print(
             Text(
                 "regime: the trace does not say which model it ran (no model_config in its "
@@ -150,9 +138,9 @@ def render_regime(
                 "yellow",
             )
         )
-    if frame is None:
+    if summary is None:
         return
-    if frame.empty or summary is None or summary.empty:
+    if summary.empty:
         console.print(Text("regime: the trace has no prefill.chunk spans", style="yellow"))
         return
     table = Table(title="prefill regime (per chunk: FLOPs and bytes from the model shape)")
@@ -181,6 +169,5 @@ def render_regime(
     )
     if peaks is not None:
         console.print(peaks_line(peaks))
-        excess = roofline_excess(frame, peaks)
-        if excess is not None:
-            console.print(excess_line(excess, peaks))
+        if found.excess is not None:
+            console.print(excess_line(found.excess, peaks))

@@ -38,7 +38,7 @@ from ttft.analysis.part import (
 from ttft.analysis.part_figures import PartRows
 from ttft.analysis.partition import partition_rows
 from ttft.analysis.prefill import prefill_points
-from ttft.analysis.regime import ModelShape, RegimeSetup, find_peaks, regime
+from ttft.analysis.regime import ModelShape, Peaks, RegimeSetup, find_peaks, regime
 from ttft.analysis.result import Analysis
 from ttft.collectors import read_spans
 from ttft.collectors.dataset import read_partition
@@ -547,6 +547,44 @@ def test_spilled_parts_refined_pass_by_pass_give_the_one_process_summary(
                                   sorted_rows(whole.attribution.per_request()))
     rows.close()
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("peaks", [find_peaks({"device": {"name": "H100 SXM"}}),
+                                   Peaks(2e9, 5e8, "slow", "flags")])
+def test_spilled_regime_rows_summarized_pass_by_pass_give_the_one_process_regime(
+        peaks, tmp_path, monkeypatch):
+    """``analyze DATASET --regime`` on Dask: each part's chunk rows spilled beside its
+    requests, at most 2 values fetched around a median per pass; the regime's summary
+    (counts, exact sums, medians) and its excess over the roofline (the slow device's
+    chunks all beat it) are the one process's, whatever the partition count."""
+    monkeypatch.setattr(Spilled, "fetch_limit", 2)
+    shape = ModelShape.from_dict(MODEL)
+    setup = RegimeSetup(shape, peaks, None)
+    one = analyze(synthetic(), trace=TRACE, regime={"model_config": MODEL,
+                                                     "peak_tflops": peaks.flops_per_s / 1e12,
+                                                     "peak_bandwidth_gbs":
+                                                         peaks.bytes_per_s / 1e9})
+    want = one.regime_result
+    assert want is not None and len(want.summary) > 4
+    assert (want.excess is not None) == (peaks.device == "slow")
+    for partitions in (3, 7):
+        dataset = synthetic_split(partitions)
+        surveys = [survey(t) for t in dataset]
+        offsets = offsets_from_bounds([s.bounds for s in surveys])
+        report = ReportInputs(None, setup, rows=False)
+        parts = [analyze_part(t, offsets=offsets, boundary=one.attribution.boundary,
+                              report=report) for t in dataset]
+        rows = Spilled(str(tmp_path), save=PartRows.save, load=PartRows.load)
+        for k in reversed(range(partitions)):
+            rows.put(k, PartRows(parts[k].attribution, parts[k].values,
+                                 parts[k].report.regime))
+        merged = merge_rows(rows, [PartHeader.of(p) for p in parts], offsets=offsets,
+                            metadata=surveys[0].metadata, trace=TRACE, regime=setup)
+        found = merged.regime_result
+        assert found.frame is None and merged.report is None  # nothing gathered
+        pd.testing.assert_frame_equal(found.summary, want.summary, check_exact=True)
+        assert found.excess == want.excess and found.model_known
+        rows.close()
 
 
 def test_per_request_of_spilled_parts_one_without_conditions_writes_one_file(tmp_path):

@@ -8,8 +8,11 @@ import math
 import socket
 
 import numpy as np
+import pandas as pd
 import pytest
 from _build import event, row, table, tid
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.regime import (
@@ -273,3 +276,68 @@ def test_summary_leaves_out_all_when_every_chunk_has_one_condition():
         ("cold", "2-3"), ("cold", "4-7"), ("cold", "all")]  # fmt: skip
     unknown = cold.assign(condition=None)  # chunks of no known condition: only "all"
     assert set(regime_summary(unknown, H100)["condition"]) == {"all"}
+
+
+
+def _mixed_chunks() -> pd.DataFrame:
+    """The chunks of 60 synthetic requests (cold and prefix hits), some of no known
+    condition, with durations from -5 ns (a defect) to 5 ms."""
+    from ttft.collectors.synthetic import generate
+
+    slow = Peaks(1e6, 1e4, "slow", "flags")
+    frame = regime(assemble(generate(60, seed=2).table), HAND, slow)
+    rng = np.random.default_rng(5)
+    unknown = rng.random(len(frame)) < 0.2
+    frame["condition"] = frame["condition"].where(~unknown, None)
+    frame["dur_ns"] = rng.integers(-5, 5_000_000, len(frame))
+    return frame
+
+
+MIXED = _mixed_chunks()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.randoms(use_true_random=False), st.lists(st.integers(0, 400), max_size=5))
+def test_regime_figures_do_not_depend_on_how_chunks_are_split_or_ordered(rand, cuts):
+    """Over any split of the chunks into parts, in any order, the summary and excess are
+    one frame's, bit for bit (exact sums, exact medians); they agree with pandas' own sums
+    and median to rounding."""
+    from ttft.analysis.order_stats import InMemory
+    from ttft.analysis.roofline import regime_figures
+
+    order = list(range(len(MIXED)))
+    rand.shuffle(order)
+    shuffled = MIXED.iloc[order].reset_index(drop=True)
+    pieces = [shuffled.iloc[a:b] for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), None],
+                                                  strict=True)]
+    slow = Peaks(1e6, 1e4, "slow", "flags")
+    for peaks in (None, slow, H100):
+        summary, excess = regime_figures(InMemory(pieces), peaks)
+        whole, whole_excess = regime_figures(InMemory([MIXED]), peaks)
+        pd.testing.assert_frame_equal(summary, whole, check_exact=True)
+        assert excess == whole_excess
+        assert (excess is not None) == (peaks is slow)
+    assert regime_summary(MIXED).equals(regime_summary(MIXED, slow))  # its own peaks
+    assert roofline_excess(MIXED) == roofline_excess(MIXED, slow) is not None
+
+
+def test_regime_figures_agree_with_pandas_sums_and_medians():
+    slow = Peaks(1e6, 1e4, "slow", "flags")
+    summary = regime_summary(MIXED, slow)
+    assert {"cold", "prefix_hit", "all"} <= set(summary["condition"]) and len(summary) > 6
+    buckets = MIXED["chunk_tokens"].map(chunk_bucket)
+    for r in summary.itertuples():
+        mask = (MIXED["condition"] == r.condition if r.condition != "all"
+                else pd.Series(True, index=MIXED.index))
+        if r.chunk_bucket != "all":
+            mask &= buckets == r.chunk_bucket
+        g = MIXED[mask]
+        assert (r.chunks, r.tokens) == (len(g), int(g["chunk_tokens"].sum()))
+        assert r.median_intensity == float(g["intensity"].median())
+        assert r.compute_bound_share == float((g["bound"] == "compute").mean())
+        intensity = float(g["flops"].sum()) / float(g["bytes"].sum())
+        assert math.isclose(r.attainable_flops_per_s,
+                            min(slow.flops_per_s, intensity * slow.bytes_per_s), rel_tol=1e-12)
+        seconds = float(g["dur_ns"].clip(lower=0).sum()) / 1e9
+        assert math.isclose(r.achieved_flops_per_s, float(g["flops"].sum()) / seconds,
+                            rel_tol=1e-12)

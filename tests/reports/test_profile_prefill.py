@@ -18,7 +18,14 @@ from typer.testing import CliRunner
 
 from ttft.analysis.assemble import assemble
 from ttft.analysis.prefill import QuadraticFit
-from ttft.analysis.regime import ModelShape, Peaks, find_model_and_device, regime, regime_summary
+from ttft.analysis.regime import (
+    ModelShape,
+    Peaks,
+    RegimeResult,
+    find_model_and_device,
+    regime,
+    regime_summary,
+)
 from ttft.collectors import read_spans, run_metadata
 from ttft.engine.model import ModelConfig
 from ttft.reports.cli import app
@@ -234,9 +241,10 @@ def test_default_lengths_skip_those_above_the_model_with_a_note(tmp_path):
     assert run_metadata(read_spans(out))["lengths"] == [128, 512]
 
 
-def render(*args, **kwargs) -> str:
+def render(frame, summary, peaks, device_name=None) -> str:
     buf = io.StringIO()
-    render_regime(*args, Console(file=buf, width=160, highlight=False), **kwargs)
+    render_regime(RegimeResult(frame, summary, peaks, device_name),
+                  Console(file=buf, width=160, highlight=False))
     return buf.getvalue()
 
 
