@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BATCH", "BINS", "FETCH_LIMIT", "InMemory", "Keyed", "PartSet", "Spilled", "exact_sum",
-           "load_keyed", "medians", "order_statistics", "percentiles", "save_keyed"]
+__all__ = ["BATCH", "BINS", "FETCH_LIMIT", "KEEP_BYTES", "InMemory", "Keyed", "PartSet",
+           "Spilled", "exact_sum", "load_keyed", "medians", "order_statistics", "percentiles",
+           "save_keyed"]
 
 BINS = 1 << 12
 """Bins of one refinement pass."""
@@ -41,6 +42,10 @@ FETCH_LIMIT = 1 << 15
 BATCH = 16
 """Columns refined together."""
 _FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
+
+KEEP_BYTES = 1 << 28
+"""What a spilled part set keeps in memory of the parts it read back, in bytes of their
+files (a part in memory takes about as much, up to twice with its strings)."""
 
 Column = Callable[[Any], np.ndarray]
 """A part's values of one column (1-D, integer, boolean or float)."""
@@ -72,6 +77,10 @@ class InMemory(PartSet):
 
     def __len__(self) -> int:
         return len(self.parts)
+
+
+def _files_bytes(directory: str) -> int:
+    return sum(entry.stat().st_size for entry in os.scandir(directory) if entry.is_file())
 
 
 def _save_array(part: np.ndarray, directory: str) -> None:
@@ -112,17 +121,36 @@ def load_keyed(directory: str) -> dict[str | tuple[str, ...], tuple[np.ndarray, 
 class Spilled(PartSet):
     """Parts written to a temporary directory as they come (`put`, in any order; each in
     a directory of its own, by ``save(part, directory)``, read back by ``load(directory)``:
-    default, a numpy array), each read back alone by `map`, in part order: the process
-    holds one part at a time. The files go with ``close``, the context, or this object."""
+    default, a numpy array), read back by `map`, in part order. The parts first read back
+    are kept in memory while their files total at most ``keep_bytes`` (default
+    `KEEP_BYTES`; 0: none), so a summary's many passes read each of those once; every
+    other part is read alone at each pass, so memory stays within the budget and one
+    part, whatever the number of parts. The files go with ``close``, the context, or this
+    object."""
 
-    fetch_limit = FETCH_LIMIT
+    _limit: int | None = FETCH_LIMIT
+
+    @property  # type: ignore[override]
+    def fetch_limit(self) -> int | None:
+        """`FETCH_LIMIT`, or None (any number, one fetch pass) once every part is kept in
+        memory: their values are held anyway."""
+        everything = bool(self._paths) and len(self._kept) == len(self._paths)
+        return None if everything else self._limit
+
+    @fetch_limit.setter
+    def fetch_limit(self, limit: int | None) -> None:
+        self._limit = limit
 
     def __init__(self, directory: str | None = None, *,
                  save: Callable[[Any, str], None] = _save_array,
-                 load: Callable[[str], Any] = _load_array) -> None:
+                 load: Callable[[str], Any] = _load_array,
+                 keep_bytes: int | None = None) -> None:
         self.directory = tempfile.mkdtemp(prefix="ttft-parts-", dir=directory)
         self._save, self._load = save, load
         self._paths: dict[int, str] = {}
+        self.keep_bytes = KEEP_BYTES if keep_bytes is None else keep_bytes
+        self._kept: dict[int, Any] = {}
+        self._kept_bytes: dict[int, int] = {}
         self._removal = weakref.finalize(self, shutil.rmtree, self.directory, True)
 
     def put(self, k: int, part: Any) -> None:
@@ -135,6 +163,8 @@ class Spilled(PartSet):
         shutil.rmtree(path, ignore_errors=True)
         os.replace(scratch, path)
         self._paths[k] = path
+        self._kept.pop(k, None)
+        self._kept_bytes.pop(k, None)
 
     def add(self, part: Any) -> None:
         """The next part."""
@@ -143,13 +173,22 @@ class Spilled(PartSet):
     def map(self, fn: Callable[[Any], Any]) -> list[Any]:
         out = []
         for k in sorted(self._paths):
-            out.append(fn(self._load(self._paths[k])))
+            part = self._kept.get(k)
+            if part is None:
+                part = self._load(self._paths[k])
+                size = _files_bytes(self._paths[k])
+                if sum(self._kept_bytes.values()) + size <= self.keep_bytes:
+                    self._kept[k], self._kept_bytes[k] = part, size
+            out.append(fn(part))
+            del part
         return out
 
     def __len__(self) -> int:
         return len(self._paths)
 
     def close(self) -> None:
+        self._kept.clear()
+        self._kept_bytes.clear()
         self._removal()
 
     def __enter__(self) -> Spilled:

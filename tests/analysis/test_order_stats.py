@@ -4,6 +4,7 @@ values are split and however few may be fetched at once."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -100,6 +101,41 @@ def test_a_spilled_set_holds_its_parts_on_disk_and_gives_the_same(tmp_path):
         (got,) = percentiles(parts, [lambda p: p], [50, 99])
         assert got.tobytes() == np.percentile(values, [50, 99]).tobytes()
     assert not any(tmp_path.iterdir())
+
+
+def test_a_spilled_set_keeps_the_parts_its_budget_holds_and_reads_the_rest_each_pass(
+        tmp_path):
+    """With room for 2 of 5 parts, the first pass reads all 5 and keeps the first 2; each
+    later pass reads the other 3 again (refining: the limit stands); with room for all,
+    later passes read nothing and fetch at once. Both give numpy's figures."""
+    values = np.random.default_rng(2).integers(0, 10**9, 50_000)
+    pieces = np.array_split(values, 5)
+    np.save(tmp_path / "probe.npy", pieces[0])  # a part's file, as Spilled writes it
+    size = os.path.getsize(tmp_path / "probe.npy")
+    os.remove(tmp_path / "probe.npy")
+    for keep, later, limit in ((2 * size + size // 2, 3, order_stats.FETCH_LIMIT),
+                               (10 * size, 0, None)):
+        loads = []
+
+        def load(directory, loads=loads):
+            loads.append(directory)
+            return order_stats._load_array(directory)
+
+        with Spilled(str(tmp_path), load=load, keep_bytes=keep) as parts:
+            for piece in pieces:
+                parts.add(piece)
+            parts.fetch_limit = 100  # refine pass by pass while parts are read from disk
+            parts.map(len)
+            assert len(loads) == 5
+            parts.map(len)
+            assert len(loads) == 5 + later
+            assert parts.fetch_limit == (100 if limit else None)
+            (got,) = percentiles(parts, [lambda p: p], [50, 99])
+            assert got.tobytes() == np.percentile(values, [50, 99]).tobytes()
+            parts.put(0, pieces[0])  # replaced: read again
+            before = len(loads)
+            parts.map(len)
+            assert len(loads) - before == later + 1
 
 
 @settings(max_examples=200, deadline=None)

@@ -535,18 +535,20 @@ def test_spilled_parts_refined_pass_by_pass_give_the_one_process_summary(
     offsets = offsets_from_bounds([s.bounds for s in surveys])
     parts = [analyze_part(t, offsets=offsets, boundary=whole.attribution.boundary)
              for t in dataset]
-    rows = Spilled(str(tmp_path), save=PartRows.save, load=PartRows.load)
-    for k in reversed(range(partitions)):  # in any order, read back in part order
-        rows.put(k, PartRows(parts[k].attribution, parts[k].values))
-    merged = merge_rows(rows, [PartHeader.of(p) for p in parts], offsets=offsets,
-                        metadata=surveys[0].metadata, trace=TRACE, slo=slo)
-    assert merged.summary.goodput["ttft_stages"]["missing"] > 0
-    assert merged.summary.to_dict() == whole.summary.to_dict()
-    assert "requests" not in vars(merged.attribution)  # the summary stacked nothing
-    pd.testing.assert_frame_equal(sorted_rows(merged.attribution.per_request()),
-                                  sorted_rows(whole.attribution.per_request()))
-    rows.close()
-    assert not any(tmp_path.iterdir())
+    for keep in (0, None):  # every pass read from disk; the parts kept once read
+        rows = Spilled(str(tmp_path), save=PartRows.save, load=PartRows.load,
+                       keep_bytes=keep)
+        for k in reversed(range(partitions)):  # in any order, read back in part order
+            rows.put(k, PartRows(parts[k].attribution, parts[k].values))
+        merged = merge_rows(rows, [PartHeader.of(p) for p in parts], offsets=offsets,
+                            metadata=surveys[0].metadata, trace=TRACE, slo=slo)
+        assert merged.summary.goodput["ttft_stages"]["missing"] > 0
+        assert merged.summary.to_dict() == whole.summary.to_dict()
+        assert "requests" not in vars(merged.attribution)  # the summary stacked nothing
+        pd.testing.assert_frame_equal(sorted_rows(merged.attribution.per_request()),
+                                      sorted_rows(whole.attribution.per_request()))
+        rows.close()
+        assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("peaks", [find_peaks({"device": {"name": "H100 SXM"}}),
@@ -574,7 +576,7 @@ def test_spilled_regime_rows_summarized_pass_by_pass_give_the_one_process_regime
         report = ReportInputs(None, setup, rows=False)
         parts = [analyze_part(t, offsets=offsets, boundary=one.attribution.boundary,
                               report=report) for t in dataset]
-        rows = Spilled(str(tmp_path), save=PartRows.save, load=PartRows.load)
+        rows = Spilled(str(tmp_path), save=PartRows.save, load=PartRows.load, keep_bytes=0)
         for k in reversed(range(partitions)):
             rows.put(k, PartRows(parts[k].attribution, parts[k].values,
                                  parts[k].report.regime))

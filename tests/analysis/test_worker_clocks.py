@@ -128,7 +128,7 @@ def test_spilled_bounds_refined_give_the_offsets_of_the_whole(partitions, limit)
     skewed = moved(moved(disagg(), 40 * MS, (SERVER, WORKER, GPU)), 6 * MS, (WORKER, GPU))
     whole = estimate_offsets(skewed)
     in_memory = [survey(t).bounds for t in split(skewed, partitions)]
-    with Spilled(save=save_keyed, load=load_keyed) as spilled:
+    with Spilled(save=save_keyed, load=load_keyed, keep_bytes=0) as spilled:
         for k in reversed(range(partitions)):  # put in any order, read in part order
             spilled.put(k, in_memory[k])
         spilled.fetch_limit = limit
