@@ -10,6 +10,7 @@ ones over every request, means exact from integer sums (``math.fsum`` for float 
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -69,30 +70,14 @@ class PartRows:
 
     @staticmethod
     def load(directory: str) -> PartRows:
-        def frame(name: str) -> pd.DataFrame:
-            return feather.read_feather(os.path.join(directory, f"{name}.arrow"),
-                                        memory_map=False)
-
-        def arrays(kind: str) -> dict[str, np.ndarray]:
-            with np.load(os.path.join(directory, f"{kind}.npz"), allow_pickle=False) as found:
-                return {key: found[key] for key in found.files}
-
+        """The part `save` wrote in ``directory``, each of its frames and sets of arrays
+        read when first used: a pass of a summary reads only what its figures need (the
+        TTFT of each request, not its 25 stages three ways)."""
         with open(os.path.join(directory, "attribution.json")) as f:
             said = json.load(f)
-        frames = {name: frame(name) for name in FRAMES}
-        failed = frames["failed"]
-        if "status_code" in failed and failed["status_code"].dtype.kind == "f":
-            # Arrow gives ints with nulls back as floats; the frame holds ints and None
-            failed["status_code"] = pd.Series(
-                [None if pd.isna(v) else int(v) for v in failed["status_code"]],
-                index=failed.index, dtype=object)
-        attr = Attribution(said["boundary"], said["policy"], frames["requests"],
-                           frames["attributed"], frames["covered"], frames["raw"], Quality(),
-                           frames["failed"])
-        chunks = (frame("chunks") if os.path.exists(os.path.join(directory, "chunks.arrow"))
-                  else None)
-        return PartRows(attr, RequestValues(arrays("after_first_token"), arrays("load"),
-                                            frame("transfers")), chunks)
+        return _SavedRows(directory, _SavedAttribution(directory, said["boundary"],
+                                                       said["policy"]),
+                          _SavedValues(directory))
 
     @cached_property
     def att(self) -> np.ndarray:
@@ -116,6 +101,79 @@ class PartRows:
 
     def rows(self, select: Select) -> np.ndarray | slice:
         return slice(None) if select is None else select(self)
+
+    def of_condition(self, condition: str) -> np.ndarray:
+        """Which ok requests are of ``condition`` (found once a part: every pass of a
+        summary asks again for each of its columns)."""
+        key = ("condition", condition)
+        if key not in self.cache:
+            self.cache[key] = self.conditions == condition
+        return self.cache[key]
+
+
+def _frame(directory: str, name: str) -> pd.DataFrame:
+    return feather.read_feather(os.path.join(directory, f"{name}.arrow"), memory_map=False)
+
+
+class _Saved(abc.ABC):
+    """What was saved in a directory (``_directory``), each of `_NAMES` read by `_read`
+    when first used and kept."""
+
+    _NAMES: tuple[str, ...] = ()
+    _directory: str
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self._NAMES or "_directory" not in self.__dict__:
+            raise AttributeError(name)
+        value = self.__dict__[name] = self._read(name)
+        return value
+
+    @abc.abstractmethod
+    def _read(self, name: str) -> Any:
+        """The saved ``name``."""
+
+
+class _SavedAttribution(_Saved, Attribution):
+    _NAMES = FRAMES
+
+    def __init__(self, directory: str, boundary: str, policy: str) -> None:
+        self._directory, self.boundary, self.policy = directory, boundary, policy
+        self.quality = Quality()
+
+    def _read(self, name: str) -> pd.DataFrame:
+        frame = _frame(self._directory, name)
+        if name == "failed" and "status_code" in frame and frame["status_code"].dtype.kind == "f":
+            # Arrow gives ints with nulls back as floats; the frame holds ints and None
+            frame["status_code"] = pd.Series(
+                [None if pd.isna(v) else int(v) for v in frame["status_code"]],
+                index=frame.index, dtype=object)
+        return frame
+
+
+class _SavedValues(_Saved, RequestValues):
+    _NAMES = ("after_first_token", "load", "transfers")
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+
+    def _read(self, name: str) -> Any:
+        if name == "transfers":
+            return _frame(self._directory, name)
+        with np.load(os.path.join(self._directory, f"{name}.npz"),
+                     allow_pickle=False) as found:
+            return {key: found[key] for key in found.files}
+
+
+class _SavedRows(_Saved, PartRows):
+    _NAMES = ("chunks",)
+
+    def __init__(self, directory: str, attribution: Attribution, values: RequestValues
+                 ) -> None:
+        self._directory, self.attribution, self.values = directory, attribution, values
+
+    def _read(self, name: str) -> pd.DataFrame | None:
+        there = os.path.exists(os.path.join(self._directory, "chunks.arrow"))
+        return _frame(self._directory, "chunks") if there else None
 
 
 def one_part(attr: Attribution, values: RequestValues | None = None) -> InMemory:

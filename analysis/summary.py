@@ -197,14 +197,14 @@ def summary_of(parts: PartSet, boundary: str, policy: str, quality: Quality, *,
     if slo:
         check_slo(slo)
     counts = parts.map(lambda p: (len(p.ttft), len(p.attribution.failed),
-                                  {c: int((p.conditions == c).sum()) for c in CONDITIONS}))
+                                  {c: int(p.of_condition(c).sum()) for c in CONDITIONS}))
     n_ok = sum(c[0] for c in counts)
     by_condition = {}
     for cond in CONDITIONS:
         n = sum(c[2][cond] for c in counts)
         if n:
             def mine(p: PartRows, cond: str = cond) -> np.ndarray:
-                return p.conditions == cond
+                return p.of_condition(cond)
 
             by_condition[cond] = {
                 "requests": n,
