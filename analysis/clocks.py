@@ -197,6 +197,24 @@ def row_shift(
     return None if found is None else found[0]
 
 
+def clock_shifts(offsets: Sequence[ClockOffset]) -> dict[str, int]:
+    """The ns ``offsets`` move each clock's rows by (a worker clock's with its server
+    clock's, then by its own), for the clocks that move (none: nothing moves); the same
+    shifts move every row the same way (`row_shift`).
+
+    Raises:
+        ValueError: two offsets for one server clock.
+    """
+    by_clock: dict[str, int] = {}
+    # Server clocks first; a worker clock moves with its server clock, then by its own.
+    for o in sorted(offsets, key=lambda o: o.client_clock != CLIENT_CLOCK):
+        if o.server_clock in by_clock:
+            raise ValueError(f"two clock offsets for server clock {o.server_clock!r}")
+        by_clock[o.server_clock] = o.offset_ns + (
+            0 if o.client_clock == CLIENT_CLOCK else by_clock.get(o.client_clock, 0))
+    return {clock: ns for clock, ns in by_clock.items() if ns}
+
+
 def row_shift_parts(
     clock: np.ndarray,
     clock_values: Sequence[str],
@@ -207,14 +225,8 @@ def row_shift_parts(
     """`row_shift`, and which ``gpu:*`` rows found no host clock in their trace (None: none),
     so took their service's in the table, which a part of it may not show: ``assemble``
     moves their joined copies with their chunks instead."""
-    by_clock: dict[str, int] = {}
-    # Server clocks first; a worker clock moves with its server clock, then by its own.
-    for o in sorted(offsets, key=lambda o: o.client_clock != CLIENT_CLOCK):
-        if o.server_clock in by_clock:
-            raise ValueError(f"two clock offsets for server clock {o.server_clock!r}")
-        by_clock[o.server_clock] = o.offset_ns + (
-            0 if o.client_clock == CLIENT_CLOCK else by_clock.get(o.client_clock, 0))
-    if not any(by_clock.values()):
+    by_clock = clock_shifts(offsets)
+    if not by_clock:
         return None
     per_value = np.array([by_clock.get(v, 0) for v in clock_values] + [0], np.int64)
     shift = per_value[clock]

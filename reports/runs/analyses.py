@@ -35,7 +35,7 @@ from typing import Any, Union
 import pandas as pd
 
 from ttft.analysis.clock_offset import ClockOffset
-from ttft.analysis.clocks import offsets_from_bounds
+from ttft.analysis.clocks import clock_shifts, offsets_from_bounds
 from ttft.analysis.order_stats import Spilled, load_keyed, save_keyed
 from ttft.analysis.part import (
     Part,
@@ -213,6 +213,21 @@ def _whole_task(location: TraceLocation, piece: Piece, options: Mapping[str, Any
     return metadata, read_inputs(table), setup
 
 
+def _first_task(location: TraceLocation, piece: Piece, boundary: str | None, policy: str
+                ) -> tuple[Survey, list[ClockOffset], Part | None]:
+    """The first pass of a piece analysed without a report or the regime: its survey, the
+    offsets its own requests give, and where those move no clock (one host, or clocks
+    already consistent: the common case) its part too, assembled with them: the driver
+    keeps it when the offsets over every piece move no clock either (the same shifts,
+    so the same part), else analyses the piece again."""
+    table = _table(location, piece)
+    found = survey(table, steps=False, engine_info=False)
+    own = offsets_from_bounds([found.bounds])
+    part = (None if clock_shifts(own) else
+            analyze_part(table, offsets=own, boundary=boundary, policy=policy))
+    return found, own, part
+
+
 def _part_task(location: TraceLocation, piece: Piece, offsets: Sequence[ClockOffset] | None,
                boundary: str | None, policy: str, report: ReportInputs | None, steps: Any,
                keep: bool) -> Part:
@@ -253,6 +268,10 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
     pieces = run.pieces(location)
     offsets: list[ClockOffset] | None = None
     steps = None
+    if len(pieces) > 1 and regime is None and not run.keeps:
+        analysis, offsets = _fused(location, run, pieces, boundary, policy, on_done,
+                                   trace=str(location), slo=slo)
+        return _Run(analysis, [], pieces, offsets, None)
     if len(pieces) > 1:
         surveys, offsets = _surveyed(location, run, pieces, regime is not None and rows,
                                      regime is not None, on_done)
@@ -304,16 +323,54 @@ def _surveyed(location: TraceLocation, run: Runner, pieces: list[Piece], steps: 
     return [found[k] for k in pieces], offsets
 
 
+def _fused(location: TraceLocation, run: Runner, pieces: list[Piece], boundary: str | None,
+           policy: str, on_done: Callable[[], None] | None, **merged: Any
+           ) -> tuple[Analysis, list[ClockOffset]]:
+    """`_surveyed` and `_spilled` in as few passes as the clocks allow: each piece's first
+    task (`_first_task`) also analyses it where its own requests move no clock; when the
+    offsets over every piece move none either, those parts are the trace's and stand
+    (one pass over such pieces instead of two), the others are analysed with the
+    offsets."""
+    bounds = Spilled(save=save_keyed, load=load_keyed)
+    rows = Spilled(save=PartRows.save, load=PartRows.load)
+    found: dict[Piece, Survey] = {}
+    headers: dict[Piece, PartHeader] = {}
+    order = {piece: k for k, piece in enumerate(pieces)}
+
+    def sink(piece: Piece, first: tuple[Survey, list[ClockOffset], Part | None]) -> None:
+        surveyed, _, part = first
+        bounds.put(order[piece], surveyed.bounds)
+        found[piece] = replace(surveyed, bounds={})
+        if part is not None:
+            headers[piece] = PartHeader.of(part)
+            rows.put(order[piece], PartRows(part.attribution, part.values))
+
+    run.map(_first_task, location, pieces, boundary, policy, on_done=on_done, sink=sink)
+    with bounds:
+        offsets = offsets_from_bounds(bounds)
+    if clock_shifts(offsets):  # the parts moved no clock, the trace's offsets do
+        headers.clear()
+    for _ in headers:  # analysed in their first pass
+        if on_done is not None:
+            on_done()
+    analysis = _spilled(location, run, pieces, offsets, boundary, policy, None, on_done,
+                        rows=rows, headers=headers, metadata=found[pieces[0]].metadata,
+                        inputs=None, regime=None, **merged)
+    return analysis, offsets
+
+
 def _spilled(location: TraceLocation, run: Runner, pieces: list[Piece],
              offsets: list[ClockOffset] | None, boundary: str | None, policy: str,
-             report: ReportInputs | None, on_done: Callable[[], None] | None,
+             report: ReportInputs | None, on_done: Callable[[], None] | None, *,
+             rows: Spilled | None = None, headers: dict[Piece, PartHeader] | None = None,
              **merged: Any) -> Analysis:
     """The analysis of a dataset's pieces with a driver that holds none of their requests:
     each part (with ``report``, the regime rows alone, its chunks' regime rows), as it
     comes, spilled to disk (``order_stats.Spilled``) but for its `PartHeader`; the
-    summary and the regime's figures made from the spilled rows (``merge_rows``)."""
-    rows = Spilled(save=PartRows.save, load=PartRows.load)
-    headers: dict[Piece, PartHeader] = {}
+    summary and the regime's figures made from the spilled rows (``merge_rows``). Pieces
+    with a header in ``headers`` already have their part in ``rows``."""
+    rows = rows if rows is not None else Spilled(save=PartRows.save, load=PartRows.load)
+    headers = headers if headers is not None else {}
     order = {piece: k for k, piece in enumerate(pieces)}
 
     def sink(piece: Piece, part: Part) -> None:
@@ -321,7 +378,8 @@ def _spilled(location: TraceLocation, run: Runner, pieces: list[Piece],
         chunks = None if part.report is None else part.report.regime
         rows.put(order[piece], PartRows(part.attribution, part.values, chunks))
 
-    run.map(_part_task, location, pieces, offsets, boundary, policy, report, None, False,
+    todo = [k for k in pieces if k not in headers]
+    run.map(_part_task, location, todo, offsets, boundary, policy, report, None, False,
             on_done=on_done, sink=sink)
     chosen = boundary or default_boundary(list(headers.values()))
     again = [k for k in pieces if headers[k].boundary != chosen]
