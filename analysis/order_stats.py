@@ -43,7 +43,7 @@ BATCH = 16
 """Columns refined together."""
 _FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
-KEEP_BYTES = 1 << 28
+KEEP_BYTES = 1 << 29
 """What a spilled part set keeps in memory of the parts it read back, in bytes of their
 files (a part in memory takes about as much, up to twice with its strings)."""
 
