@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["BATCH", "BINS", "FETCH_LIMIT", "KEEP_BYTES", "InMemory", "Keyed", "PartSet",
-           "Spilled", "exact_sum", "load_keyed", "medians", "order_statistics", "percentiles",
-           "save_keyed"]
+           "Spilled", "exact_sum", "keyed_bytes", "load_keyed", "medians", "order_statistics",
+           "percentiles", "save_keyed"]
 
 BINS = 1 << 12
 """Bins of one refinement pass."""
@@ -106,6 +106,11 @@ def save_keyed(part: Keyed, directory: str) -> None:
              **{f"{i}_{j}": a for i, k in enumerate(keys) for j, a in enumerate(part[k])})
 
 
+def keyed_bytes(part: Keyed) -> int:
+    """What `Keyed` arrays take in memory (a `Spilled` ``size``)."""
+    return sum(np.asarray(a).nbytes for arrays in part.values() for a in arrays)
+
+
 def load_keyed(directory: str) -> dict[str | tuple[str, ...], tuple[np.ndarray, ...]]:
     """What `save_keyed` wrote."""
     with open(os.path.join(directory, "keys.json")) as f:
@@ -121,12 +126,13 @@ def load_keyed(directory: str) -> dict[str | tuple[str, ...], tuple[np.ndarray, 
 class Spilled(PartSet):
     """Parts written to a temporary directory as they come (`put`, in any order; each in
     a directory of its own, by ``save(part, directory)``, read back by ``load(directory)``:
-    default, a numpy array), read back by `map`, in part order. The parts first read back
-    are kept in memory while their files total at most ``keep_bytes`` (default
-    `KEEP_BYTES`; 0: none), so a summary's many passes read each of those once; every
-    other part is read alone at each pass, so memory stays within the budget and one
-    part, whatever the number of parts. The files go with ``close``, the context, or this
-    object."""
+    default, a numpy array), read back by `map`, in part order. Parts are kept in memory
+    while they total at most ``keep_bytes`` (default `KEEP_BYTES`; 0: none): with
+    ``size`` (a part's bytes in memory), as they are put, never written; else the first
+    read back, by the bytes of their files. So a summary's many passes read each of
+    those once at most; every other part is read alone at each pass, so memory stays
+    within the budget and one part, whatever the number of parts. The files go with
+    ``close``, the context, or this object."""
 
     _limit: int | None = FETCH_LIMIT
 
@@ -134,7 +140,7 @@ class Spilled(PartSet):
     def fetch_limit(self) -> int | None:
         """`FETCH_LIMIT`, or None (any number, one fetch pass) once every part is kept in
         memory: their values are held anyway."""
-        everything = bool(self._paths) and len(self._kept) == len(self._paths)
+        everything = bool(self._kept) and all(k in self._kept for k in self._paths)
         return None if everything else self._limit
 
     @fetch_limit.setter
@@ -144,47 +150,56 @@ class Spilled(PartSet):
     def __init__(self, directory: str | None = None, *,
                  save: Callable[[Any, str], None] = _save_array,
                  load: Callable[[str], Any] = _load_array,
-                 keep_bytes: int | None = None) -> None:
+                 keep_bytes: int | None = None,
+                 size: Callable[[Any], int] | None = None) -> None:
         self.directory = tempfile.mkdtemp(prefix="ttft-parts-", dir=directory)
-        self._save, self._load = save, load
+        self._save, self._load, self._size = save, load, size
         self._paths: dict[int, str] = {}
         self.keep_bytes = KEEP_BYTES if keep_bytes is None else keep_bytes
         self._kept: dict[int, Any] = {}
         self._kept_bytes: dict[int, int] = {}
         self._removal = weakref.finalize(self, shutil.rmtree, self.directory, True)
 
+    def _keeps(self, k: int, part: Any, size: int) -> bool:
+        """Keep ``part`` as part ``k`` if the budget holds it."""
+        if sum(self._kept_bytes.values()) + size > self.keep_bytes:
+            return False
+        self._kept[k], self._kept_bytes[k] = part, size
+        return True
+
     def put(self, k: int, part: Any) -> None:
         """Part ``k`` (it replaces one put before)."""
+        self._kept.pop(k, None)
+        self._kept_bytes.pop(k, None)
         path = os.path.join(self.directory, f"{k:06d}")
+        shutil.rmtree(path, ignore_errors=True)
+        self._paths.pop(k, None)
+        if self._size is not None and self._keeps(k, part, self._size(part)):
+            return
         scratch = path + ".tmp"
         shutil.rmtree(scratch, ignore_errors=True)
         os.mkdir(scratch)
         self._save(part, scratch)
-        shutil.rmtree(path, ignore_errors=True)
         os.replace(scratch, path)
         self._paths[k] = path
-        self._kept.pop(k, None)
-        self._kept_bytes.pop(k, None)
 
     def add(self, part: Any) -> None:
         """The next part."""
-        self.put(len(self._paths), part)
+        self.put(len(self), part)
 
     def map(self, fn: Callable[[Any], Any]) -> list[Any]:
         out = []
-        for k in sorted(self._paths):
+        for k in sorted(self._paths.keys() | self._kept.keys()):
             part = self._kept.get(k)
             if part is None:
                 part = self._load(self._paths[k])
-                size = _files_bytes(self._paths[k])
-                if sum(self._kept_bytes.values()) + size <= self.keep_bytes:
-                    self._kept[k], self._kept_bytes[k] = part, size
+                self._keeps(k, part, _files_bytes(self._paths[k]))
             out.append(fn(part))
             del part
         return out
 
     def __len__(self) -> int:
-        return len(self._paths)
+        return len(self._paths.keys() | self._kept.keys())
 
     def close(self) -> None:
         self._kept.clear()

@@ -69,6 +69,15 @@ class PartRows:
             json.dump({"boundary": attr.boundary, "policy": attr.policy}, f)
 
     @staticmethod
+    def nbytes(rows: PartRows) -> int:
+        """What the part takes in memory: its frames (strings counted deep) and arrays."""
+        frames = [getattr(rows.attribution, name) for name in FRAMES]
+        frames += [rows.values.transfers] + ([] if rows.chunks is None else [rows.chunks])
+        arrays = [*rows.values.after_first_token.values(), *rows.values.load.values()]
+        return (sum(int(f.memory_usage(index=True, deep=True).sum()) for f in frames)
+                + sum(np.asarray(a).nbytes for a in arrays))
+
+    @staticmethod
     def load(directory: str) -> PartRows:
         """The part `save` wrote in ``directory``, each of its frames and sets of arrays
         read when first used: a pass of a summary reads only what its figures need (the

@@ -36,7 +36,7 @@ import pandas as pd
 
 from ttft.analysis.clock_offset import ClockOffset
 from ttft.analysis.clocks import clock_shifts, offsets_from_bounds
-from ttft.analysis.order_stats import Spilled, load_keyed, save_keyed
+from ttft.analysis.order_stats import Spilled, keyed_bytes, load_keyed, save_keyed
 from ttft.analysis.part import (
     Part,
     PartHeader,
@@ -309,7 +309,7 @@ def _surveyed(location: TraceLocation, run: Runner, pieces: list[Piece], steps: 
     """Every piece's `Survey` (without its bounds) and the clock offsets over all of
     them: each piece's bounds spilled to disk as its survey comes (16 bytes a request and
     server clock), so the driver holds none of them while it estimates."""
-    bounds = Spilled(save=save_keyed, load=load_keyed)
+    bounds = Spilled(save=save_keyed, load=load_keyed, size=keyed_bytes)
     found: dict[Piece, Survey] = {}
     order = {piece: k for k, piece in enumerate(pieces)}
 
@@ -323,6 +323,12 @@ def _surveyed(location: TraceLocation, run: Runner, pieces: list[Piece], steps: 
     return [found[k] for k in pieces], offsets
 
 
+def _spill() -> Spilled:
+    """Where a driver keeps the parts as they come: in memory within
+    ``order_stats.KEEP_BYTES``, the rest on its disk."""
+    return Spilled(save=PartRows.save, load=PartRows.load, size=PartRows.nbytes)
+
+
 def _fused(location: TraceLocation, run: Runner, pieces: list[Piece], boundary: str | None,
            policy: str, on_done: Callable[[], None] | None, **merged: Any
            ) -> tuple[Analysis, list[ClockOffset]]:
@@ -331,8 +337,8 @@ def _fused(location: TraceLocation, run: Runner, pieces: list[Piece], boundary: 
     offsets over every piece move none either, those parts are the trace's and stand
     (one pass over such pieces instead of two), the others are analysed with the
     offsets."""
-    bounds = Spilled(save=save_keyed, load=load_keyed)
-    rows = Spilled(save=PartRows.save, load=PartRows.load)
+    bounds = Spilled(save=save_keyed, load=load_keyed, size=keyed_bytes)
+    rows = _spill()
     found: dict[Piece, Survey] = {}
     headers: dict[Piece, PartHeader] = {}
     order = {piece: k for k, piece in enumerate(pieces)}
@@ -369,7 +375,7 @@ def _spilled(location: TraceLocation, run: Runner, pieces: list[Piece],
     comes, spilled to disk (``order_stats.Spilled``) but for its `PartHeader`; the
     summary and the regime's figures made from the spilled rows (``merge_rows``). Pieces
     with a header in ``headers`` already have their part in ``rows``."""
-    rows = rows if rows is not None else Spilled(save=PartRows.save, load=PartRows.load)
+    rows = rows if rows is not None else _spill()
     headers = headers if headers is not None else {}
     order = {piece: k for k, piece in enumerate(pieces)}
 

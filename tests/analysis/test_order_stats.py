@@ -94,7 +94,7 @@ def test_refinement_takes_few_passes_whatever_the_spread():
 def test_a_spilled_set_holds_its_parts_on_disk_and_gives_the_same(tmp_path):
     rng = np.random.default_rng(1)
     values = rng.integers(0, 10**9, 50_000)
-    with Spilled(str(tmp_path)) as parts:
+    with Spilled(str(tmp_path), keep_bytes=0) as parts:
         for piece in np.array_split(values, 5):
             parts.add(piece)
         assert len([p for d in tmp_path.iterdir() for p in d.iterdir()]) == 5
@@ -136,6 +136,32 @@ def test_a_spilled_set_keeps_the_parts_its_budget_holds_and_reads_the_rest_each_
             before = len(loads)
             parts.map(len)
             assert len(loads) - before == later + 1
+
+
+def test_a_spilled_set_with_sizes_keeps_in_memory_what_fits_and_writes_the_rest(tmp_path):
+    """Sized parts are kept as they are put while the budget holds them (never written),
+    the rest written and read at each pass; a part put again replaces its kept copy."""
+    values = np.random.default_rng(3).integers(0, 10**9, 50_000)
+    pieces = np.array_split(values, 5)
+    loads = []
+
+    def load(directory):
+        loads.append(directory)
+        return order_stats._load_array(directory)
+
+    with Spilled(str(tmp_path), load=load, keep_bytes=2 * pieces[0].nbytes,
+                 size=lambda a: a.nbytes) as parts:
+        for piece in pieces:
+            parts.add(piece)
+        (folder,) = tmp_path.iterdir()
+        assert len(parts) == 5 and len(list(folder.iterdir())) == 3  # 2 kept, 3 written
+        parts.fetch_limit = 100
+        (got,) = percentiles(parts, [lambda p: p], [50, 99])
+        assert got.tobytes() == np.percentile(values, [50, 99]).tobytes()
+        assert len(loads) % 3 == 0 and len(loads) > 3  # the 3 written, at every pass
+        assert parts.map(len) == [len(p) for p in pieces]
+        parts.put(4, pieces[4][:10])  # the last part, shorter now
+        assert parts.map(len)[4] == 10 and len(parts) == 5
 
 
 @settings(max_examples=200, deadline=None)
