@@ -15,12 +15,15 @@ are ``analysis.part``'s, whatever the runner:
 4. for a report, the waterfalls of the median, p99 and slowest requests, from the pieces
    holding them.
 
-The driver never holds a piece's spans. Analysing a dataset on Dask (no report), it holds
-none of its requests either: each part (its chunks' regime rows with ``--regime``) is
-spilled to disk as it comes (``order_stats.Spilled``), and the summary and the regime's
-figures are made from reductions over the spilled parts, read one at a time, exact
-percentiles by histogram refinement (``analysis.order_stats``). What reads every request
-together (``compare``'s bootstrap) stacks them then; a report keeps its parts in memory.
+The driver never holds a piece's spans. Analysing a dataset on Dask (no report), its
+memory does not follow the requests either: each part (its chunks' regime rows with
+``--regime``) is kept as it comes while the parts fit ``order_stats.KEEP_BYTES`` and
+spilled to disk beyond (``order_stats.Spilled``), and the summary and the regime's figures
+are made from reductions over the parts, read one at a time, exact percentiles by
+histogram refinement (``analysis.order_stats``); so are the clock offsets, over the
+spilled bounds. Without the regime, a piece whose own requests move no clock is analysed in
+its first task (`_fused`). What reads every request together (``compare``'s bootstrap)
+stacks them then; a report keeps its parts in memory.
 
 Dask (``distributed``) is the ``dask`` extra: ``pip install 'ttft[dask]'``.
 """
@@ -303,24 +306,36 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
     return _Run(analysis, parts, pieces, offsets, steps)
 
 
+class _Bounds:
+    """The first pass's surveys as they come: each piece's bounds spilled (16 bytes a
+    request and server clock; in memory within ``order_stats.KEEP_BYTES``), the rest of
+    its survey kept, so the driver holds no request's bounds while it estimates."""
+
+    def __init__(self, pieces: list[Piece]) -> None:
+        self.pieces, self.order = pieces, {piece: k for k, piece in enumerate(pieces)}
+        self.spilled = Spilled(save=save_keyed, load=load_keyed, size=keyed_bytes)
+        self.surveys: dict[Piece, Survey] = {}
+
+    def take(self, piece: Piece, surveyed: Survey) -> None:
+        self.spilled.put(self.order[piece], surveyed.bounds)
+        self.surveys[piece] = replace(surveyed, bounds={})
+
+    def offsets(self) -> list[ClockOffset]:
+        """The offsets over every piece's requests (the spilled bounds then go)."""
+        with self.spilled:
+            return offsets_from_bounds(self.spilled)
+
+
 def _surveyed(location: TraceLocation, run: Runner, pieces: list[Piece], steps: bool,
               engine_info: bool, on_done: Callable[[], None] | None
               ) -> tuple[list[Survey], list[ClockOffset]]:
     """Every piece's `Survey` (without its bounds) and the clock offsets over all of
-    them: each piece's bounds spilled to disk as its survey comes (16 bytes a request and
-    server clock), so the driver holds none of them while it estimates."""
-    bounds = Spilled(save=save_keyed, load=load_keyed, size=keyed_bytes)
-    found: dict[Piece, Survey] = {}
-    order = {piece: k for k, piece in enumerate(pieces)}
-
-    def sink(piece: Piece, surveyed: Survey) -> None:
-        bounds.put(order[piece], surveyed.bounds)
-        found[piece] = replace(surveyed, bounds={})
-
-    run.map(_survey_task, location, pieces, steps, engine_info, on_done=on_done, sink=sink)
-    with bounds:
-        offsets = offsets_from_bounds(bounds)
-    return [found[k] for k in pieces], offsets
+    them (`_Bounds`)."""
+    found = _Bounds(pieces)
+    run.map(_survey_task, location, pieces, steps, engine_info, on_done=on_done,
+            sink=found.take)
+    offsets = found.offsets()
+    return [found.surveys[k] for k in pieces], offsets
 
 
 def _spill() -> Spilled:
@@ -337,30 +352,27 @@ def _fused(location: TraceLocation, run: Runner, pieces: list[Piece], boundary: 
     offsets over every piece move none either, those parts are the trace's and stand
     (one pass over such pieces instead of two), the others are analysed with the
     offsets."""
-    bounds = Spilled(save=save_keyed, load=load_keyed, size=keyed_bytes)
+    found = _Bounds(pieces)
     rows = _spill()
-    found: dict[Piece, Survey] = {}
     headers: dict[Piece, PartHeader] = {}
-    order = {piece: k for k, piece in enumerate(pieces)}
 
     def sink(piece: Piece, first: tuple[Survey, list[ClockOffset], Part | None]) -> None:
         surveyed, _, part = first
-        bounds.put(order[piece], surveyed.bounds)
-        found[piece] = replace(surveyed, bounds={})
+        found.take(piece, surveyed)
         if part is not None:
             headers[piece] = PartHeader.of(part)
-            rows.put(order[piece], PartRows(part.attribution, part.values))
+            rows.put(found.order[piece], PartRows(part.attribution, part.values))
 
     run.map(_first_task, location, pieces, boundary, policy, on_done=on_done, sink=sink)
-    with bounds:
-        offsets = offsets_from_bounds(bounds)
+    offsets = found.offsets()
     if clock_shifts(offsets):  # the parts moved no clock, the trace's offsets do
         headers.clear()
     for _ in headers:  # analysed in their first pass
         if on_done is not None:
             on_done()
     analysis = _spilled(location, run, pieces, offsets, boundary, policy, None, on_done,
-                        rows=rows, headers=headers, metadata=found[pieces[0]].metadata,
+                        rows=rows, headers=headers,
+                        metadata=found.surveys[pieces[0]].metadata,
                         inputs=None, regime=None, **merged)
     return analysis, offsets
 
