@@ -44,8 +44,9 @@ BATCH = 16
 _FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
 KEEP_BYTES = 1 << 29
-"""What a spilled part set keeps in memory of the parts it read back, in bytes of their
-files (a part in memory takes about as much, up to twice with its strings)."""
+"""What a spilled part set keeps in memory: the parts put while their sizes (its ``size``)
+fit, else those first read back, by the bytes of their files (a part in memory takes about
+as much, up to twice with its strings)."""
 
 Column = Callable[[Any], np.ndarray]
 """A part's values of one column (1-D, integer, boolean or float)."""

@@ -217,10 +217,10 @@ def _whole_task(location: TraceLocation, piece: Piece, options: Mapping[str, Any
 
 
 def _first_task(location: TraceLocation, piece: Piece, boundary: str | None, policy: str
-                ) -> tuple[Survey, list[ClockOffset], Part | None]:
-    """The first pass of a piece analysed without a report or the regime: its survey, the
-    offsets its own requests give, and where those move no clock (one host, or clocks
-    already consistent: the common case) its part too, assembled with them: the driver
+                ) -> tuple[Survey, Part | None]:
+    """The first pass of a piece analysed without a report or the regime: its survey and,
+    where the offsets its own requests give move no clock (one host, or clocks already
+    consistent: the common case), its part too, assembled with them: the driver
     keeps it when the offsets over every piece move no clock either (the same shifts,
     so the same part), else analyses the piece again."""
     table = _table(location, piece)
@@ -228,7 +228,7 @@ def _first_task(location: TraceLocation, piece: Piece, boundary: str | None, pol
     own = offsets_from_bounds([found.bounds])
     part = (None if clock_shifts(own) else
             analyze_part(table, offsets=own, boundary=boundary, policy=policy))
-    return found, own, part
+    return found, part
 
 
 def _part_task(location: TraceLocation, piece: Piece, offsets: Sequence[ClockOffset] | None,
@@ -356,8 +356,8 @@ def _fused(location: TraceLocation, run: Runner, pieces: list[Piece], boundary: 
     rows = _spill()
     headers: dict[Piece, PartHeader] = {}
 
-    def sink(piece: Piece, first: tuple[Survey, list[ClockOffset], Part | None]) -> None:
-        surveyed, _, part = first
+    def sink(piece: Piece, first: tuple[Survey, Part | None]) -> None:
+        surveyed, part = first
         found.take(piece, surveyed)
         if part is not None:
             headers[piece] = PartHeader.of(part)
