@@ -193,11 +193,11 @@ def _peak_rss_bytes() -> int:
 def _cluster(stack: ExitStack, workers: int) -> tuple[Any, Any]:
     """A local cluster of ``workers`` one-thread processes (as ``ttft analyze --workers``
     starts one) and a client of it, closed with ``stack``."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    cluster = stack.enter_context(LocalCluster(
-        n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address=None, silence_logs=40))
+    from ttft.reports.runs.analyses import local_cluster
+
+    cluster = stack.enter_context(local_cluster(workers, dashboard_address=None))
     client = stack.enter_context(Client(cluster))
     client.wait_for_workers(workers)
     return cluster, client

@@ -30,10 +30,9 @@ Dask (``distributed``) is the ``dask`` extra: ``pip install 'ttft[dask]'``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Union
+from typing import Any
 
 import pandas as pd
 
@@ -68,129 +67,21 @@ from ttft.reports.report_data import (
     request_spans,
     waterfall,
 )
+from ttft.reports.runs.runners import (
+    WORKER_ENVIRON,
+    DaskMissing,
+    InProcess,
+    OnDask,
+    Piece,
+    Runner,
+    local_cluster,
+    runner,
+)
 from ttft.tracer.schema import read_inputs, run_metadata
 
-__all__ = ["DaskMissing", "InProcess", "OnDask", "Runner", "analyze_location",
-           "compare_locations", "report_location", "runner"]
-
-INSTALL_HINT = "pip install 'ttft[dask]'"
-Piece = int | None
-"""A partition of a dataset, or None: the whole trace."""
-
-
-class DaskMissing(ImportError):
-    """``distributed`` is not installed; the message says how to install it."""
-
-
-class InProcess:
-    """Every step here, on the whole trace (a dataset read whole: every partition's own
-    rows), the table read once and its assembly kept for the waterfalls.
-
-    A runner has ``pieces(location)`` (what a location is analysed in: None, the whole
-    trace, or partition numbers), ``map(task, location, pieces, *args, each=, on_done=)``
-    (``task(location, piece, *args, *each[piece])`` for every piece, results in order,
-    ``on_done`` after each; with ``sink``, ``sink(piece, result)`` as each comes instead,
-    none kept) and ``share(value)`` (a value as every task receives it)."""
-
-    workers = 1
-    keeps = True
-
-    def pieces(self, location: TraceLocation) -> list[Piece]:
-        return [None]
-
-    def map(self, task: Callable[..., Any], location: TraceLocation, pieces: Sequence[Piece],
-            *args: Any, each: Mapping[Piece, tuple[Any, ...]] | None = None,
-            on_done: Callable[[], None] | None = None,
-            sink: Callable[[Piece, Any], None] | None = None) -> list[Any]:
-        out = []
-        for piece in pieces:
-            result = task(location, piece, *args, *(each or {}).get(piece, ()))
-            if sink is None:
-                out.append(result)
-            else:
-                sink(piece, result)
-            if on_done is not None:
-                on_done()
-        return out
-
-    def share(self, value: Any) -> Any:
-        return value
-
-
-Runner = Union["InProcess", "OnDask"]
-"""Where the steps run."""
-
-
-class OnDask:
-    """One Dask task per partition of a dataset, each result fetched as its task ends and
-    its future released at once, so a worker holds what it is computing, never every
-    partition's result."""
-
-    keeps = False
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-
-    @property
-    def workers(self) -> int:
-        return len(self.client.scheduler_info().get("workers", {}))
-
-    def pieces(self, location: TraceLocation) -> list[Piece]:
-        return list(range(location.partitions()))
-
-    def map(self, task: Callable[..., Any], location: TraceLocation, pieces: Sequence[Piece],
-            *args: Any, each: Mapping[Piece, tuple[Any, ...]] | None = None,
-            on_done: Callable[[], None] | None = None,
-            sink: Callable[[Piece, Any], None] | None = None) -> list[Any]:
-        from distributed import as_completed
-
-        futures = {self.client.submit(task, location, k, *args, *(each or {}).get(k, ()),
-                                      pure=False): k for k in pieces}
-        results: dict[Piece, Any] = {}
-        for future in as_completed(list(futures)):
-            k = futures.pop(future)
-            result = future.result()
-            future.release()
-            if sink is None:
-                results[k] = result
-            else:
-                sink(k, result)
-            del result
-            if on_done is not None:
-                on_done()
-        return [results[k] for k in pieces] if sink is None else []
-
-    def share(self, value: Any) -> Any:
-        return self.client.scatter(value, broadcast=True)
-
-
-@contextmanager
-def runner(workers: int | None = None, scheduler: str | None = None) -> Iterator[Runner]:
-    """`InProcess` without ``workers`` and ``scheduler``; else `OnDask` on a
-    ``LocalCluster`` of ``workers`` processes (one thread each, on 127.0.0.1; its status
-    server on a free port, never a fixed one another process may hold), or connected to
-    the scheduler at ``scheduler``.
-
-    Raises:
-        DaskMissing: ``distributed`` is not installed.
-        OSError: the scheduler cannot be reached (within 30 s).
-    """
-    if workers is None and scheduler is None:
-        yield InProcess()
-        return
-    try:
-        from distributed import Client, LocalCluster
-    except ImportError as exc:
-        raise DaskMissing(f"--workers and --scheduler need Dask: {INSTALL_HINT}") from exc
-    if scheduler is not None:
-        with Client(scheduler, timeout="30s") as client:
-            yield OnDask(client)
-        return
-    with LocalCluster(n_workers=workers or 1, threads_per_worker=1, processes=True,
-                      host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      silence_logs=40) as cluster, Client(cluster) as client:
-        yield OnDask(client)
-
+__all__ = ["WORKER_ENVIRON", "DaskMissing", "InProcess", "OnDask", "Runner",
+           "analyze_location", "compare_locations", "local_cluster", "report_location",
+           "runner"]
 
 # --- the tasks: module-level functions of (location, piece, ...) --------------------------
 
