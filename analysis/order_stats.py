@@ -311,20 +311,41 @@ def exact_sum(values: np.ndarray) -> Any:
     return total
 
 
+def _column_bounds(values: np.ndarray, keys: np.ndarray) -> tuple[int, int, int, int, Any]:
+    """A part's count, NaN count, least and greatest key and dtype of a column."""
+    nan = int(np.isnan(values).sum()) if values.dtype.kind == "f" else 0
+    return (len(values), nan, int(keys.min()) if len(keys) else 0,
+            int(keys.max()) if len(keys) else 0, values.dtype)
+
+
+def _column_start(found: Sequence[tuple[int, int, int, int, Any]]
+                  ) -> tuple[Any, np.dtype | None, int, int]:
+    """A column's result so far from its parts' `_column_bounds`: None (no values), NaN
+    (one is NaN) or ``(n, {})``; its dtype, least and greatest key."""
+    mine = [f for f in found if f[0]]
+    n = sum(f[0] for f in mine)
+    if n == 0:
+        return None, None, 0, 0
+    if any(f[1] for f in mine):
+        return float("nan"), None, 0, 0
+    if len({np.dtype(f[4]).kind == "f" for f in mine}) > 1:
+        raise ValueError("a column's values are floats in some parts and integers "
+                         "in others: cast them to one dtype")
+    return ((n, {}), np.result_type(*(f[4] for f in mine)), min(f[2] for f in mine),
+            max(f[3] for f in mine))
+
+
 def _first_windows(parts: PartSet, columns: Sequence[Column],
                    wanted: Callable[[int], np.ndarray]
                    ) -> tuple[list[Any], dict[tuple[int, int, int], list[Any]], dict[int, Any]]:
-    """The first pass: per column its result so far (None: no values; NaN: one is NaN;
-    else ``(n, {})``), its window (``(column, lo, hi) -> [below, count, ranks]``: every
-    value, the ranks ``wanted(n)``) and its values' dtype."""
+    """The first pass: per column its result so far (`_column_start`), its window
+    (``(column, lo, hi) -> [below, count, ranks]``: every value, the ranks ``wanted(n)``)
+    and its values' dtype."""
     def bounds(part: Any) -> list[tuple[int, int, int, int, Any]]:
         out = []
         for column in columns:
             values = np.asarray(column(part))
-            nan = int(np.isnan(values).sum()) if values.dtype.kind == "f" else 0
-            keys = _keys(values)
-            out.append((len(values), nan, int(keys.min()) if len(keys) else 0,
-                         int(keys.max()) if len(keys) else 0, values.dtype))
+            out.append(_column_bounds(values, _keys(values)))
         return out
 
     seen = parts.map(bounds)
@@ -332,21 +353,44 @@ def _first_windows(parts: PartSet, columns: Sequence[Column],
     windows: dict[tuple[int, int, int], list[Any]] = {}
     dtypes: dict[int, Any] = {}
     for c in range(len(columns)):
-        mine = [found[c] for found in seen if found[c][0]]
-        n = sum(found[0] for found in mine)
-        if n == 0:
-            result.append(None)
-        elif any(found[1] for found in mine):
-            result.append(float("nan"))
-        else:
-            if len({np.dtype(found[4]).kind == "f" for found in mine}) > 1:
-                raise ValueError("a column's values are floats in some parts and integers "
-                                 "in others: cast them to one dtype")
-            dtypes[c] = np.result_type(*(found[4] for found in mine))
-            result.append((n, {}))
-            lo, hi = min(found[2] for found in mine), max(found[3] for found in mine)
-            windows[(c, lo, hi)] = [0, n, [int(r) for r in wanted(n)]]
+        start, dtype, lo, hi = _column_start([found[c] for found in seen])
+        result.append(start)
+        if dtype is not None:
+            dtypes[c] = dtype
+            windows[(c, lo, hi)] = [0, start[0], [int(r) for r in wanted(start[0])]]
     return result, windows, dtypes
+
+
+def _held_statistics(parts: PartSet, columns: Sequence[Column],
+                     wanted: Callable[[int], np.ndarray]
+                     ) -> list[tuple[int, dict[int, Any]] | float | None]:
+    """`_batch_statistics` of parts held in memory (no fetch limit) in one pass: every
+    key fetched with the bounds (what the fetch pass would fetch, as the first window is
+    every value), then selected as that pass selects them."""
+    def keys(part: Any) -> list[tuple[tuple[int, int, int, int, Any], np.ndarray]]:
+        out = []
+        for column in columns:
+            values = np.asarray(column(part))
+            k = _keys(values)
+            out.append((_column_bounds(values, k), k))
+        return out
+
+    seen = parts.map(keys)
+    result: list[Any] = []
+    for c in range(len(columns)):
+        start, dtype, lo, hi = _column_start([found[c][0] for found in seen])
+        result.append(start)
+        if dtype is None:
+            continue
+        ranks = [int(r) for r in wanted(start[0])]
+        if lo == hi:
+            start[1].update((r, _value(lo, dtype)) for r in ranks)
+            continue
+        every = np.concatenate([found[c][1] for found in seen])
+        kth = np.asarray(ranks)
+        every = np.partition(every, kth) if len(kth) < len(every) else np.sort(every)
+        start[1].update((r, _value(int(every[r]), dtype)) for r in ranks)
+    return result
 
 
 def _order_statistics(parts: PartSet, columns: Sequence[Column],
@@ -365,8 +409,10 @@ def _order_statistics(parts: PartSet, columns: Sequence[Column],
 def _batch_statistics(parts: PartSet, columns: Sequence[Column],
                       wanted: Callable[[int], np.ndarray]
                       ) -> list[tuple[int, dict[int, Any]] | float | None]:
-    result, windows, dtypes = _first_windows(parts, columns, wanted)
     limit = parts.fetch_limit
+    if limit is None:
+        return _held_statistics(parts, columns, wanted)
+    result, windows, dtypes = _first_windows(parts, columns, wanted)
     while windows:
         fetch = {key: w for key, w in windows.items()
                  if key[1] == key[2] or limit is None or w[1] <= limit}

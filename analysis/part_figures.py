@@ -29,9 +29,9 @@ from ttft.analysis.quality import EXAMPLES_KEPT, Quality
 from ttft.analysis.request_values import RequestValues
 from ttft.tracer.schema import OUTCOMES
 
-__all__ = ["PartRows", "after_first_token", "failed_first_token", "failure_counts",
+__all__ = ["EachPart", "PartRows", "after_first_token", "failed_first_token", "failure_counts",
            "failure_examples", "kv_transfer", "load_figures", "ms_figures", "one_part",
-           "stage_rows", "stages", "tail_rows"]
+           "stage_matrix", "stage_rows", "stages", "tail_rows"]
 
 _NS_PER_MS = 1e6
 PERCENTILES = (50, 90, 99)
@@ -118,6 +118,38 @@ class PartRows:
         if key not in self.cache:
             self.cache[key] = self.conditions == condition
         return self.cache[key]
+
+    @cached_property
+    def condition_keys(self) -> np.ndarray:
+        """Each ok request's condition as a string ("" for none)."""
+        conditions = self.conditions
+        return np.where(pd.isna(conditions), "", conditions).astype(str)
+
+
+class EachPart:
+    """``make(part)`` of the part last asked about, kept until another part is asked
+    about. ``percentiles`` reads a part's columns one after another in each pass, so
+    columns cut from one matrix (``EachPart(matrix)(part)[j]``) make it once a part and
+    pass, where cutting each column from the part's rows (a strided gather) cost
+    most of a summary's merge."""
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        self.make, self.part, self.value = make, None, None
+
+    def __call__(self, part: Any) -> Any:
+        if self.part is not part:
+            self.part, self.value = None, None  # the last one's value goes first
+            self.value, self.part = self.make(part), part
+        return self.value
+
+
+def stage_matrix(att: np.ndarray, rows: np.ndarray | slice, used: np.ndarray,
+                 scale: float = 1.0) -> np.ndarray:
+    """``att[rows][:, used] / scale`` transposed, C-contiguous: row ``i`` is stage
+    ``used[i]``'s values, each as ``att[rows, used[i]] / scale`` gives it (int64 kept for
+    a scale of 1)."""
+    picked = att[rows][:, used]
+    return np.ascontiguousarray((picked if scale == 1.0 else picked / scale).T)
 
 
 def _frame(directory: str, name: str) -> pd.DataFrame:
@@ -235,8 +267,9 @@ def stage_rows(parts: PartSet, select: Select = None) -> pd.DataFrame:
     att = np.sum([f[2] for f in found], axis=0).astype(np.int64)[used]
     raw = np.sum([f[3] for f in found], axis=0).astype(np.int64)[used]
     total = float(np.int64(sum(f[1] for f in found)))
-    figures = percentiles(parts, [
-        (lambda p, j=j: p.att[p.rows(select), j] / _NS_PER_MS) for j in used], PERCENTILES)
+    matrix = EachPart(lambda p: stage_matrix(p.att, p.rows(select), used, _NS_PER_MS))
+    figures = percentiles(parts, [(lambda p, i=i: matrix(p)[i]) for i in range(len(used))],
+                          PERCENTILES)
     table = pd.DataFrame(np.asarray(figures).reshape(len(used), 3), index=names[used],
                          columns=["p50", "p90", "p99"])
     table["mean"] = att / n / _NS_PER_MS

@@ -19,23 +19,17 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.load import check_slo, goodput_figures, meeting_slo
 from ttft.analysis.order_stats import PartSet, medians, percentiles
-from ttft.analysis.part_figures import PartRows, one_part, stages
+from ttft.analysis.part_figures import EachPart, PartRows, one_part, stage_matrix, stages
 
 __all__ = ["MAX_EXHAUSTIVE", "goodput_summary", "slo_attribution", "slo_figures"]
 
 MAX_EXHAUSTIVE = 50_000_000
 """Largest (sets × requests) one size of the exhaustive search may evaluate."""
 _NS_PER_MS = 1e6
-
-
-def _condition_keys(p: PartRows) -> np.ndarray:
-    conditions = p.conditions
-    return np.where(pd.isna(conditions), "", conditions).astype(str)
 
 
 def _p99s(parts: PartSet, columns: list) -> list[float]:
@@ -65,9 +59,11 @@ def slo_figures(parts: PartSet, slo_ms: float) -> dict[str, Any] | None:
     slo_ns = slo_ms * _NS_PER_MS
     used = np.flatnonzero(np.any(parts.map(lambda p: (p.att > 0).any(axis=0)), axis=0))
     names = list(stages(parts)[used])
-    keys = sorted(set().union(*parts.map(lambda p: set(_condition_keys(p)))))
-    found = medians(parts, [(lambda p, key=key, j=j: p.att[_condition_keys(p) == key, j])
-                            for key in keys for j in used])
+    keys = sorted(set().union(*parts.map(lambda p: set(p.condition_keys))))
+    matrices = EachPart(lambda p: {key: stage_matrix(p.att, p.condition_keys == key, used)
+                                   for key in keys})
+    found = medians(parts, [(lambda p, key=key, i=i: matrices(p)[key][i])
+                            for key in keys for i in range(len(used))])
     table = np.asarray([np.nan if m is None else m for m in found],
                        np.float64).reshape(len(keys), len(used))
 
@@ -75,7 +71,7 @@ def slo_figures(parts: PartSet, slo_ms: float) -> dict[str, Any] | None:
         """Per request and stage, the median attributed ns of its condition."""
         if "median" not in p.cache:
             out = np.zeros((len(p.ttft), len(used)), np.float64)
-            mine = _condition_keys(p)
+            mine = p.condition_keys
             for k, key in enumerate(keys):
                 out[mine == key] = table[k]
             p.cache["median"] = out

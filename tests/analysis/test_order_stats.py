@@ -91,6 +91,24 @@ def test_refinement_takes_few_passes_whatever_the_spread():
         assert parts.passes <= 8, parts.passes
 
 
+def test_parts_held_whole_take_one_pass_a_batch_and_give_numpy_s():
+    """No fetch limit (every value held anyway): each batch of `BATCH` columns reads every
+    part once, values fetched with the bounds; ties, one value, floats and ints alike."""
+    rng = np.random.default_rng(1)
+    columns = [np.exp(rng.normal(0, 6, 5_000)), np.full(300, 7, np.int64),
+               rng.integers(-10, 10, 4_000), np.asarray([2.5])]
+    batches = 2
+    wanted = [columns[c % len(columns)] for c in range(order_stats.BATCH * batches)]
+    parts = Tight([[np.array_split(v, 5)[k] for v in wanted] for k in range(5)], None)
+    got = percentiles(parts, [(lambda p, c=c: p[c]) for c in range(len(wanted))], [0, 37, 99])
+    assert parts.passes == batches
+    for values, found in zip(wanted, got, strict=True):
+        assert found.tobytes() == np.percentile(values, [0, 37, 99]).tobytes()
+    mixed = Tight([np.asarray([1.0]), np.asarray([2], np.int64)], None)
+    with pytest.raises(ValueError, match="floats in some parts and integers in others"):
+        percentiles(mixed, [lambda p: p], [50])
+
+
 def test_a_spilled_set_holds_its_parts_on_disk_and_gives_the_same(tmp_path):
     rng = np.random.default_rng(1)
     values = rng.integers(0, 10**9, 50_000)

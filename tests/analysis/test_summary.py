@@ -157,3 +157,29 @@ def test_tpot_uses_usage_tokens_and_second_and_reasoning_tokens_are_timed():
     assert out["itl_ms"]["mean"] == pytest.approx((2 + 1) / 2)
     assert out["ttst_ms"]["mean"] == pytest.approx((4 + 31) / 2)  # second chunk, from start
     assert (out["ttfrt_ms"]["mean"], out["ttfrt_ms"]["requests"]) == (pytest.approx(1.0), 1)
+
+
+def test_stage_percentiles_cut_each_part_s_matrix_once_a_pass(monkeypatch):
+    """``stage_rows`` over three parts: each part's stage matrix is made once per pass of
+    each batch of columns (``part_figures.EachPart``), not once per column, and the
+    figures are numpy's over the stacked requests."""
+    from ttft.analysis import order_stats, part_figures
+    from ttft.analysis.part_figures import PartRows, stage_rows
+
+    attrs = []
+    for seed in (1, 2, 3):
+        asm = assemble(generate(40, seed=seed).table)
+        attrs.append(attribute(asm, "client", "exclusive"))
+    made = []
+    real = part_figures.stage_matrix
+    monkeypatch.setattr(part_figures, "stage_matrix",
+                        lambda *args, **kw: made.append(1) or real(*args, **kw))
+    parts = order_stats.InMemory([PartRows(a, None) for a in attrs])
+    table = stage_rows(parts)
+    batches = -(-len(table) // order_stats.BATCH)
+    assert len(made) == len(attrs) * batches
+    stacked = np.concatenate([a.attributed.to_numpy(np.int64) for a in attrs])
+    columns = list(attrs[0].attributed.columns)
+    for stage, figures in table.iterrows():
+        want = np.percentile(stacked[:, columns.index(stage)] / 1e6, [50, 90, 99])
+        assert figures[["p50", "p90", "p99"]].to_numpy().tobytes() == want.tobytes()
