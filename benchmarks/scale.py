@@ -32,7 +32,11 @@ Measured, in one run:
   Each configuration's line also gives the CPU seconds its workers (together) and the
   driver spent in a run, and the 1-minute load average is printed: on a shared 2-core
   machine, workers' CPU well under ``workers × wall`` means they waited for a core.
-  Goals: 2 workers ≥ 1.8× 1 worker, and no slower than the one process.
+  Goals: 2 workers ≥ 1.8× 1 worker, and no slower than the one process. Beside them,
+  what this machine allows (`measure_ceiling`): the same per-partition tasks in one plain
+  process against two at once, no Dask and no driver; on 2 cores the driver and the
+  scheduler share the cores with the 2 workers, and with the 1 worker they have one of
+  their own.
 - memory, at each of ``--sizes`` spans with the partition size held constant (partitions
   = ``--partitions`` × size / ``--spans``): a fresh 2-worker cluster analyses the dataset
   once, then each worker's peak RSS (``VmHWM`` in ``/proc/self/status``, via
@@ -252,6 +256,40 @@ def measure_speed(path: Path, rounds: int, single: bool) -> dict[str, Any]:
     return out
 
 
+def _plain_tasks(path: str, pieces: list[int]) -> float:
+    """Seconds of the per-partition first task (``_first_task``, what a worker runs) over
+    ``pieces``, here, without Dask."""
+    from ttft.collectors import TraceLocation
+    from ttft.reports.runs.analyses import _first_task
+
+    location = TraceLocation(path)
+    started = time.perf_counter()
+    for piece in pieces:
+        _first_task(location, piece, None, "exclusive")
+    return time.perf_counter() - started
+
+
+def measure_ceiling(path: Path, partitions: int, rounds: int) -> dict[str, list[float]]:
+    """What 2 workers can get on this machine at best: every partition's first task in one
+    plain process, and split between two running at once (``multiprocessing``, spawned,
+    partitions dealt alternately), no Dask and no driver; wall seconds, ``rounds`` each,
+    alternating, after a warm-up of both processes."""
+    import multiprocessing
+
+    out: dict[str, list[float]] = {"one": [], "two": []}
+    pieces = list(range(partitions))
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        pool.starmap(_plain_tasks, [(str(path), pieces[:1]), (str(path), pieces[1:2])])
+        for _ in range(rounds):
+            started = time.perf_counter()
+            pool.apply(_plain_tasks, (str(path), pieces))
+            out["one"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            pool.starmap(_plain_tasks, [(str(path), pieces[0::2]), (str(path), pieces[1::2])])
+            out["two"].append(time.perf_counter() - started)
+    return out
+
+
 _DRIVER = """
 import sys, time
 from ttft.collectors import TraceLocation
@@ -341,6 +379,13 @@ def _print_speed(info: dict[str, Any], speed: dict[str, Any], rounds: int) -> di
           f"{rounds} round(s) each, alternating, after a warm-up run; times s: {times}; "
           f"1-min load average during the rounds {min(speed['load']):.1f}"
           f"-{max(speed['load']):.1f} on {os.cpu_count()} CPUs")
+    ceiling = speed.get("ceiling")
+    if ceiling is not None:
+        one, two = (statistics.median(ceiling[k]) for k in ("one", "two"))
+        rate["ceiling"] = one / two
+        print(f"this machine's ceiling: the same first tasks in 2 plain processes / 1, no Dask "
+              f"and no driver: {rate['ceiling']:.2f}× ({one:.2f} s / {two:.2f} s); "
+              f"2 workers / 1 worker reach {rate[2] / rate[1] / rate['ceiling']:.0%} of it")
     if "single" in rate:
         print(f"2 workers / 1 process: {rate[2] / rate['single']:.2f}× (goal ≥ 1)")
     if "same" in speed:
@@ -368,6 +413,8 @@ def main() -> None:
         path, info = datasets[args.spans if not args.memory_only else args.sizes[-1]]
         speed = (None if args.memory_only else
                  measure_speed(path, args.rounds, info["spans"] <= args.single_max_spans))
+        if speed is not None:
+            speed["ceiling"] = measure_ceiling(path, info["partitions"], args.rounds)
         memory = {size: measure_memory(datasets[size][0]) for size in args.sizes}
     for size in sorted(datasets):
         built = datasets[size][1]
@@ -402,6 +449,9 @@ def main() -> None:
         Figure("scale", "2 workers / 1 worker", rate[2] / rate[1], "×", f"≥ {GOAL_SPEEDUP}",
                rate[2] / rate[1] >= GOAL_SPEEDUP),
     ]
+    if "ceiling" in rate:
+        figures.append(Figure("scale", "2 plain processes / 1, the same tasks (the ceiling)",
+                              rate["ceiling"], "×"))
     if "single" in rate:
         figures += [Figure("scale", "1 process, read_spans + analyze", rate["single"],
                            "spans/s"),
