@@ -1,35 +1,42 @@
 """Exact percentiles over values spread across parts, without holding them together.
 
-A `PartSet` is a trace's parts where a summary reads them: in this process's memory
-(`InMemory`: one table analysed whole), or spilled to disk as each part arrives and read
-back one at a time (`Spilled`: a dataset's partitions, so the process merging them holds
-no request; docs/architecture.md, "One program"). ``map(fn)`` is ``fn`` of every part, in
-order: every figure of a summary is a reduction of such results.
+A `PartSet` is a trace's parts where a summary reads them (``analysis.part_sets``): in this
+process's memory (`InMemory`: one table analysed whole), or spilled to disk as each part
+arrives and read back one at a time (`Spilled`: a dataset's partitions, so the process
+merging them holds no request; docs/architecture.md, "One program"). ``map(fn)`` is ``fn``
+of every part, in order: every figure of a summary is a reduction of such results.
 
 `percentiles` is numpy's linear percentile (``np.percentile``, bit for bit) of a column of
 values each part gives, found by histogram refinement: one pass counts the values and
 their bounds; while the values between the bounds around a wanted rank are more than a
-part set may fetch (`PartSet.fetch_limit`), a pass counts them in `BINS` bins of the
-values' order-preserving integer keys and keeps the bin holding the rank; then one pass
-fetches the values left around each rank, which give the order statistics, and numpy's
-interpolation between them is the figure. Each pass reads every part once, for `BATCH`
-columns at once; a wanted value is found within a few passes (the bounds shrink `BINS`
-times a pass), whatever the distribution. Memory is O(`BATCH` × (`BINS` + fetch limit)),
-whatever the number of parts.
+part set may fetch (`PartSet.fetch_limit`), a pass counts them in at most `BINS` bins of
+the values' order-preserving integer keys (bins of a power of two keys each, found by a
+shift) and keeps the bin holding the rank; then one pass fetches the values left around
+each rank, which give the order statistics, and numpy's interpolation between them is the
+figure. Each pass reads every part once, for `BATCH` columns at once; a wanted value is
+found within a few passes (the bounds shrink `BINS` times a pass), whatever the
+distribution. Parts held whole (no fetch limit) give every value with the bounds: one pass.
+Memory is O(`BATCH` × (`BINS` + fetch limit)), whatever the number of parts.
 """
 
 from __future__ import annotations
 
-import abc
-import json
-import os
-import shutil
-import tempfile
-import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from ttft.analysis.part_sets import (
+    FETCH_LIMIT,
+    KEEP_BYTES,
+    InMemory,
+    Keyed,
+    PartSet,
+    Spilled,
+    keyed_bytes,
+    load_keyed,
+    save_keyed,
+)
 
 __all__ = ["BATCH", "BINS", "FETCH_LIMIT", "KEEP_BYTES", "InMemory", "Keyed", "PartSet",
            "Spilled", "exact_sum", "keyed_bytes", "load_keyed", "medians", "order_statistics",
@@ -37,181 +44,12 @@ __all__ = ["BATCH", "BINS", "FETCH_LIMIT", "KEEP_BYTES", "InMemory", "Keyed", "P
 
 BINS = 1 << 12
 """Bins of one refinement pass."""
-FETCH_LIMIT = 1 << 15
-"""The most values a spilled part set fetches around one rank in one pass."""
 BATCH = 16
 """Columns refined together."""
 _FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
-KEEP_BYTES = 1 << 29
-"""What a spilled part set keeps in memory: the parts put while their sizes (its ``size``)
-fit, else those first read back, by the bytes of their files (a part in memory takes about
-as much, up to twice with its strings)."""
-
 Column = Callable[[Any], np.ndarray]
 """A part's values of one column (1-D, integer, boolean or float)."""
-
-
-class PartSet(abc.ABC):
-    """A trace's parts, read where they are kept (see the module docstring)."""
-
-    fetch_limit: int | None = None
-    """The most values fetched around one rank per pass (None: any number)."""
-
-    @abc.abstractmethod
-    def map(self, fn: Callable[[Any], Any]) -> list[Any]:
-        """``fn`` of every part, in order."""
-
-    @abc.abstractmethod
-    def __len__(self) -> int:
-        """How many parts."""
-
-
-class InMemory(PartSet):
-    """Parts held in this process (fetching their values costs nothing more)."""
-
-    def __init__(self, parts: Iterable[Any]) -> None:
-        self.parts = list(parts)
-
-    def map(self, fn: Callable[[Any], Any]) -> list[Any]:
-        return [fn(part) for part in self.parts]
-
-    def __len__(self) -> int:
-        return len(self.parts)
-
-
-def _files_bytes(directory: str) -> int:
-    return sum(entry.stat().st_size for entry in os.scandir(directory) if entry.is_file())
-
-
-def _save_array(part: np.ndarray, directory: str) -> None:
-    np.save(os.path.join(directory, "values.npy"), part, allow_pickle=False)
-
-
-def _load_array(directory: str) -> np.ndarray:
-    return np.load(os.path.join(directory, "values.npy"), allow_pickle=False)
-
-
-Keyed = Mapping[str | tuple[str, ...], Sequence[np.ndarray]]
-"""Arrays under keys (strings, or tuples of strings), a few to a key: such as a part's clock
-bounds (``analysis.clocks.Bounds``)."""
-
-
-def save_keyed(part: Keyed, directory: str) -> None:
-    """A `Spilled` ``save`` of `Keyed` arrays: their keys in ``keys.json``, their arrays in
-    ``arrays.npz`` (no pickle: the arrays are numbers)."""
-    keys = list(part)
-    with open(os.path.join(directory, "keys.json"), "w") as f:
-        json.dump([[k] if isinstance(k, str) else list(k) for k in keys], f)
-    np.savez(os.path.join(directory, "arrays.npz"),
-             **{f"{i}_{j}": a for i, k in enumerate(keys) for j, a in enumerate(part[k])})
-
-
-def keyed_bytes(part: Keyed) -> int:
-    """What `Keyed` arrays take in memory (a `Spilled` ``size``)."""
-    return sum(np.asarray(a).nbytes for arrays in part.values() for a in arrays)
-
-
-def load_keyed(directory: str) -> dict[str | tuple[str, ...], tuple[np.ndarray, ...]]:
-    """What `save_keyed` wrote."""
-    with open(os.path.join(directory, "keys.json")) as f:
-        keys = [k[0] if len(k) == 1 else tuple(k) for k in json.load(f)]
-    with np.load(os.path.join(directory, "arrays.npz"), allow_pickle=False) as found:
-        names = sorted(found.files, key=lambda n: tuple(int(x) for x in n.split("_")))
-        arrays: dict[int, list[np.ndarray]] = {}
-        for name in names:
-            arrays.setdefault(int(name.split("_")[0]), []).append(found[name])
-    return {k: tuple(arrays.get(i, ())) for i, k in enumerate(keys)}
-
-
-class Spilled(PartSet):
-    """Parts written to a temporary directory as they come (`put`, in any order; each in
-    a directory of its own, by ``save(part, directory)``, read back by ``load(directory)``:
-    default, a numpy array), read back by `map`, in part order. Parts are kept in memory
-    while they total at most ``keep_bytes`` (default `KEEP_BYTES`; 0: none): with
-    ``size`` (a part's bytes in memory), as they are put, never written; else the first
-    read back, by the bytes of their files. So a summary's many passes read each of
-    those once at most; every other part is read alone at each pass, so memory stays
-    within the budget and one part, whatever the number of parts. The files go with
-    ``close``, the context, or this object."""
-
-    _limit: int | None = FETCH_LIMIT
-
-    @property  # type: ignore[override]
-    def fetch_limit(self) -> int | None:
-        """`FETCH_LIMIT`, or None (any number, one fetch pass) once every part is kept in
-        memory: their values are held anyway."""
-        everything = bool(self._kept) and all(k in self._kept for k in self._paths)
-        return None if everything else self._limit
-
-    @fetch_limit.setter
-    def fetch_limit(self, limit: int | None) -> None:
-        self._limit = limit
-
-    def __init__(self, directory: str | None = None, *,
-                 save: Callable[[Any, str], None] = _save_array,
-                 load: Callable[[str], Any] = _load_array,
-                 keep_bytes: int | None = None,
-                 size: Callable[[Any], int] | None = None) -> None:
-        self.directory = tempfile.mkdtemp(prefix="ttft-parts-", dir=directory)
-        self._save, self._load, self._size = save, load, size
-        self._paths: dict[int, str] = {}
-        self.keep_bytes = KEEP_BYTES if keep_bytes is None else keep_bytes
-        self._kept: dict[int, Any] = {}
-        self._kept_bytes: dict[int, int] = {}
-        self._removal = weakref.finalize(self, shutil.rmtree, self.directory, True)
-
-    def _keeps(self, k: int, part: Any, size: int) -> bool:
-        """Keep ``part`` as part ``k`` if the budget holds it."""
-        if sum(self._kept_bytes.values()) + size > self.keep_bytes:
-            return False
-        self._kept[k], self._kept_bytes[k] = part, size
-        return True
-
-    def put(self, k: int, part: Any) -> None:
-        """Part ``k`` (it replaces one put before)."""
-        self._kept.pop(k, None)
-        self._kept_bytes.pop(k, None)
-        path = os.path.join(self.directory, f"{k:06d}")
-        shutil.rmtree(path, ignore_errors=True)
-        self._paths.pop(k, None)
-        if self._size is not None and self._keeps(k, part, self._size(part)):
-            return
-        scratch = path + ".tmp"
-        shutil.rmtree(scratch, ignore_errors=True)
-        os.mkdir(scratch)
-        self._save(part, scratch)
-        os.replace(scratch, path)
-        self._paths[k] = path
-
-    def add(self, part: Any) -> None:
-        """The next part."""
-        self.put(len(self), part)
-
-    def map(self, fn: Callable[[Any], Any]) -> list[Any]:
-        out = []
-        for k in sorted(self._paths.keys() | self._kept.keys()):
-            part = self._kept.get(k)
-            if part is None:
-                part = self._load(self._paths[k])
-                self._keeps(k, part, _files_bytes(self._paths[k]))
-            out.append(fn(part))
-            del part
-        return out
-
-    def __len__(self) -> int:
-        return len(self._paths.keys() | self._kept.keys())
-
-    def close(self) -> None:
-        self._kept.clear()
-        self._kept_bytes.clear()
-        self._removal()
-
-    def __enter__(self) -> Spilled:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def _keys(values: np.ndarray) -> np.ndarray:
@@ -421,7 +259,7 @@ def _batch_statistics(parts: PartSet, columns: Sequence[Column],
             for r in ranks:
                 result[c][1][r] = _value(lo, dtypes[c])
         fetch = {key: w for key, w in fetch.items() if key[1] != key[2]}
-        inner = {key: _inner_edges(key[1], key[2]) for key in split}
+        inner = {key: _bin_shift(key[1], key[2]) for key in split}
         fetched: list[list[np.ndarray]] = [[] for _ in fetch]
         counted = [np.zeros(BINS, np.int64) for _ in split]
 
@@ -446,20 +284,29 @@ def _batch_statistics(parts: PartSet, columns: Sequence[Column],
         for i, (key, (below, _, ranks)) in enumerate(split.items()):
             counts = counted[i]
             firsts = below + np.concatenate([[0], np.cumsum(counts)[:-1]])
-            edges = [key[1], *inner[key].tolist(), key[2] + 1]
+            lo, shift = key[1], inner[key]
             for r in ranks:
                 b = int(np.searchsorted(firsts, r, side="right")) - 1
-                window = windows.setdefault((key[0], edges[b], edges[b + 1] - 1),
+                bin_lo = lo + (b << shift)
+                bin_hi = min(key[2], bin_lo + (1 << shift) - 1)
+                window = windows.setdefault((key[0], bin_lo, bin_hi),
                                             [int(firsts[b]), int(counts[b]), []])
                 window[2].append(r)
     return result
 
 
-def _inner_edges(lo: int, hi: int) -> np.ndarray:
-    """The `BINS` - 1 inner edges of integer keys ``lo..hi`` (bin b: ``edges[b]`` to
-    ``edges[b+1] - 1``; empty bins where the keys are fewer than the bins)."""
-    span = hi - lo + 1
-    return np.asarray([lo + span * b // BINS for b in range(1, BINS)], np.int64)
+def _bin_shift(lo: int, hi: int) -> int:
+    """How far keys ``lo..hi`` shift (``(key - lo) >> shift``) into at most `BINS` bins,
+    bin b holding ``lo + (b << shift)`` to the next bin's first key - 1 (and ``hi``):
+    found by a subtraction and a shift, not a search among edges."""
+    return max(0, (hi - lo).bit_length() - (BINS.bit_length() - 1))
+
+
+def _bins(keys: np.ndarray, lo: int, shift: int) -> np.ndarray:
+    """Each key's bin (`_bin_shift`) of keys at least ``lo``; exact over the whole int64
+    range (the difference taken as unsigned, modulo 2^64)."""
+    offset = keys.view(np.uint64) - np.uint64(lo % (1 << 64))
+    return (offset >> np.uint64(shift)).astype(np.intp)
 
 
 def _pass(part: Any, columns: Sequence[Column], fetch: dict, inner: dict
@@ -478,10 +325,10 @@ def _pass(part: Any, columns: Sequence[Column], fetch: dict, inner: dict
         k = keys(c)
         fetched.append(k[(k >= lo) & (k <= hi)])
     counts = []
-    for (c, lo, hi), edges in inner.items():
+    for (c, lo, hi), shift in inner.items():
         k = keys(c)
         k = k[(k >= lo) & (k <= hi)]
-        counts.append(np.bincount(np.searchsorted(edges, k, side="right"), minlength=BINS))
+        counts.append(np.bincount(_bins(k, lo, shift), minlength=BINS))
     return fetched, counts
 
 

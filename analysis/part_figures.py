@@ -35,6 +35,13 @@ __all__ = ["EachPart", "PartRows", "after_first_token", "failed_first_token", "f
 
 _NS_PER_MS = 1e6
 PERCENTILES = (50, 90, 99)
+_MATRICES = ("att", "raw", "ttft")
+"""`PartRows`' int64 arrays that a summary's passes read, saved as ``.npy`` beside the
+frames and memory-mapped when read back: a pass then costs the arithmetic, not decoding
+the frames again."""
+_AS_MATRIX = {"attributed": "att", "raw": "raw"}
+"""Frames saved as their `_MATRICES` file alone (with their column names) where they are
+plain int64 rows 0..n-1: rebuilt from it when read, not written twice."""
 Select = Callable[["PartRows"], np.ndarray] | None
 """A boolean mask over a part's ok requests (``Attribution.requests``); None: all."""
 
@@ -43,8 +50,9 @@ class PartRows:
     """One part's attribution and request values, their arrays decoded once, and its
     chunks' regime rows (``analysis.regime.regime``; None where the regime was not asked
     for or its model is not known); `save` and `load` write and read them as files
-    (``order_stats.Spilled``): the frames as Arrow IPC, the arrays as ``.npz``. What is
-    read back has no defects (a part's defects go with its ``analysis.part.PartHeader``)."""
+    (``part_sets.Spilled``): the frames as Arrow IPC, the arrays as ``.npz``, the matrices
+    every pass reads as ``.npy`` (`_MATRICES`). What is read back has no defects (a part's
+    defects go with its ``analysis.part.PartHeader``)."""
 
     def __init__(self, attribution: Attribution, values: RequestValues,
                  chunks: pd.DataFrame | None = None) -> None:
@@ -60,13 +68,23 @@ class PartRows:
         if rows.chunks is not None:  # its attrs (the peaks it was costed with) stay here
             frames["chunks"] = pd.DataFrame(rows.chunks, copy=False)
             frames["chunks"].attrs = {}
+        for name in _MATRICES:  # what every pass reads, mapped back (`_SavedRows`)
+            np.save(os.path.join(directory, f"{name}.npy"), getattr(rows, name))
+        matrices = {}  # frames that are a matrix saved above: not written twice
+        for name, matrix in _AS_MATRIX.items():
+            frame = frames[name]
+            if (frame.index.equals(pd.RangeIndex(len(frame)))
+                    and all(dtype == np.int64 for dtype in frame.dtypes)):
+                matrices[name] = [matrix, frame.columns.name, frame.columns.tolist()]
+                del frames[name]
         for name, frame in frames.items():
             feather.write_feather(frame, os.path.join(directory, f"{name}.arrow"),
                                   compression="uncompressed")
         for kind in ("after_first_token", "load"):
             np.savez(os.path.join(directory, f"{kind}.npz"), **getattr(values, kind))
         with open(os.path.join(directory, "attribution.json"), "w") as f:
-            json.dump({"boundary": attr.boundary, "policy": attr.policy}, f)
+            json.dump({"boundary": attr.boundary, "policy": attr.policy,
+                       "matrices": matrices}, f)
 
     @staticmethod
     def nbytes(rows: PartRows) -> int:
@@ -85,7 +103,7 @@ class PartRows:
         with open(os.path.join(directory, "attribution.json")) as f:
             said = json.load(f)
         return _SavedRows(directory, _SavedAttribution(directory, said["boundary"],
-                                                       said["policy"]),
+                                                       said["policy"], said["matrices"]),
                           _SavedValues(directory))
 
     @cached_property
@@ -113,10 +131,12 @@ class PartRows:
 
     def of_condition(self, condition: str) -> np.ndarray:
         """Which ok requests are of ``condition`` (found once a part: every pass of a
-        summary asks again for each of its columns)."""
+        summary asks again for each of its columns), compared as the column's own dtype
+        does (an Arrow string column in C, not string by string)."""
         key = ("condition", condition)
         if key not in self.cache:
-            self.cache[key] = self.conditions == condition
+            same = self.attribution.requests["condition"] == condition
+            self.cache[key] = same.fillna(False).to_numpy(bool)
         return self.cache[key]
 
     @cached_property
@@ -177,11 +197,17 @@ class _Saved(abc.ABC):
 class _SavedAttribution(_Saved, Attribution):
     _NAMES = FRAMES
 
-    def __init__(self, directory: str, boundary: str, policy: str) -> None:
+    def __init__(self, directory: str, boundary: str, policy: str,
+                 matrices: Mapping[str, list[Any]]) -> None:
         self._directory, self.boundary, self.policy = directory, boundary, policy
+        self._matrices = matrices
         self.quality = Quality()
 
     def _read(self, name: str) -> pd.DataFrame:
+        if name in self._matrices:  # saved as its matrix (`PartRows.save`)
+            matrix, columns_name, columns = self._matrices[name]
+            values = np.load(os.path.join(self._directory, f"{matrix}.npy"), allow_pickle=False)
+            return pd.DataFrame(values, columns=pd.Index(columns, name=columns_name))
         frame = _frame(self._directory, name)
         if name == "failed" and "status_code" in frame and frame["status_code"].dtype.kind == "f":
             # Arrow gives ints with nulls back as floats; the frame holds ints and None
@@ -215,6 +241,24 @@ class _SavedRows(_Saved, PartRows):
     def _read(self, name: str) -> pd.DataFrame | None:
         there = os.path.exists(os.path.join(self._directory, "chunks.arrow"))
         return _frame(self._directory, "chunks") if there else None
+
+    def _matrix(self, name: str) -> np.ndarray:
+        """One of `_MATRICES`, mapped from its file (pages read as a pass touches them,
+        let go with this part), as a plain array."""
+        return np.asarray(np.load(os.path.join(self._directory, f"{name}.npy"),
+                                  mmap_mode="r", allow_pickle=False))
+
+    @cached_property
+    def att(self) -> np.ndarray:
+        return self._matrix("att")
+
+    @cached_property
+    def raw(self) -> np.ndarray:
+        return self._matrix("raw")
+
+    @cached_property
+    def ttft(self) -> np.ndarray:
+        return self._matrix("ttft")
 
 
 def one_part(attr: Attribution, values: RequestValues | None = None) -> InMemory:

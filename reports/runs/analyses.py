@@ -17,8 +17,8 @@ are ``analysis.part``'s, whatever the runner:
 
 The driver never holds a piece's spans. Analysing a dataset on Dask (no report), its
 memory does not follow the requests either: each part (its chunks' regime rows with
-``--regime``) is kept as it comes while the parts fit ``order_stats.KEEP_BYTES`` and
-spilled to disk beyond (``order_stats.Spilled``), and the summary and the regime's figures
+``--regime``) is kept as it comes while the parts fit ``part_sets.KEEP_BYTES`` and
+spilled to disk beyond (``part_sets.Spilled``), and the summary and the regime's figures
 are made from reductions over the parts, read one at a time, exact percentiles by
 histogram refinement (``analysis.order_stats``); so are the clock offsets, over the
 spilled bounds. Without the regime, a piece whose own requests move no clock is analysed in
@@ -199,7 +199,7 @@ def _analyzed(location: TraceLocation, run: Runner, *, boundary: str | None, pol
 
 class _Bounds:
     """The first pass's surveys as they come: each piece's bounds spilled (16 bytes a
-    request and server clock; in memory within ``order_stats.KEEP_BYTES``), the rest of
+    request and server clock; in memory within ``part_sets.KEEP_BYTES``), the rest of
     its survey kept, so the driver holds no request's bounds while it estimates."""
 
     def __init__(self, pieces: list[Piece]) -> None:
@@ -231,7 +231,7 @@ def _surveyed(location: TraceLocation, run: Runner, pieces: list[Piece], steps: 
 
 def _spill() -> Spilled:
     """Where a driver keeps the parts as they come: in memory within
-    ``order_stats.KEEP_BYTES``, the rest on its disk."""
+    ``part_sets.KEEP_BYTES``, the rest on its disk."""
     return Spilled(save=PartRows.save, load=PartRows.load, size=PartRows.nbytes)
 
 
@@ -275,7 +275,7 @@ def _spilled(location: TraceLocation, run: Runner, pieces: list[Piece],
              **merged: Any) -> Analysis:
     """The analysis of a dataset's pieces with a driver that holds none of their requests:
     each part (with ``report``, the regime rows alone, its chunks' regime rows), as it
-    comes, spilled to disk (``order_stats.Spilled``) but for its `PartHeader`; the
+    comes, spilled to disk (``part_sets.Spilled``) but for its `PartHeader`; the
     summary and the regime's figures made from the spilled rows (``merge_rows``). Pieces
     with a header in ``headers`` already have their part in ``rows``."""
     rows = rows if rows is not None else _spill()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ttft.analysis import order_stats
+from ttft.analysis import order_stats, part_sets
 from ttft.analysis.order_stats import InMemory, Spilled, exact_sum, medians, percentiles
 
 
@@ -137,7 +137,7 @@ def test_a_spilled_set_keeps_the_parts_its_budget_holds_and_reads_the_rest_each_
 
         def load(directory, loads=loads):
             loads.append(directory)
-            return order_stats._load_array(directory)
+            return part_sets._load_array(directory)
 
         with Spilled(str(tmp_path), load=load, keep_bytes=keep) as parts:
             for piece in pieces:
@@ -165,7 +165,7 @@ def test_a_spilled_set_with_sizes_keeps_in_memory_what_fits_and_writes_the_rest(
 
     def load(directory):
         loads.append(directory)
-        return order_stats._load_array(directory)
+        return part_sets._load_array(directory)
 
     with Spilled(str(tmp_path), load=load, keep_bytes=2 * pieces[0].nbytes,
                  size=lambda a: a.nbytes) as parts:
@@ -190,10 +190,20 @@ def test_exact_sums_of_parts_add_up_to_fsum(values, cuts):
     assert float(total) == math.fsum(values)
 
 
-def test_bins_split_a_range_into_disjoint_covering_bins():
-    for lo, hi in ((0, 10), (-5, 2**62), (7, 7 + order_stats.BINS * 3)):
-        edges = [lo, *order_stats._inner_edges(lo, hi).tolist(), hi + 1]
-        assert edges == sorted(edges) and edges[0] == lo and edges[-1] == hi + 1
+@pytest.mark.parametrize(("lo", "hi"), [(0, 10), (-5, 2**62), (7, 7 + order_stats.BINS * 3),
+                                       (-(2**63), 2**63 - 1), (5, 5 + order_stats.BINS - 1),
+                                       (5, 5 + order_stats.BINS)])
+def test_bins_split_a_range_into_at_most_bins_in_key_order(lo, hi):
+    """Every key of ``lo..hi`` falls in a bin below `BINS`, bins in key order, the first
+    key in bin 0 and each bin ``lo + (b << shift)`` on."""
+    shift = order_stats._bin_shift(lo, hi)
+    inside = np.unique(np.asarray([lo, hi, lo + 1, hi - 1, (lo + hi) // 2, lo + (1 << shift),
+                                   lo + (1 << shift) - 1], np.int64).clip(lo, hi))
+    bins = order_stats._bins(inside, lo, shift)
+    assert bins[0] == 0 and bins.max() < order_stats.BINS
+    assert (np.diff(bins) >= 0).all()
+    for key, b in zip(inside.tolist(), bins.tolist(), strict=True):
+        assert lo + (b << shift) <= key < lo + ((b + 1) << shift)
 
 
 @pytest.mark.parametrize("mutant", ["lerp", "rank"])

@@ -628,3 +628,33 @@ def test_per_request_of_spilled_parts_one_without_conditions_writes_one_file(tmp
     pd.testing.assert_frame_equal(sorted_rows(got), sorted_rows(want))
     codes = merged.attribution.failed["status_code"]
     assert codes.dtype == object and all(c is None or type(c) is int for c in codes)
+
+
+def test_spilled_part_rows_come_back_frame_for_frame(tmp_path):
+    """``PartRows.save``/``load``: every frame of the attribution and the values comes
+    back equal; the stage matrices a pass reads come back from their ``.npy`` files,
+    memory-mapped, and a plain attributed frame is not written twice (rebuilt from its
+    matrix), while one with another index is kept as it was."""
+    from dataclasses import replace
+
+    from ttft.analysis.attribution import FRAMES
+
+    part = analyze_part(synthetic())
+    attr, values = part.attribution, part.values
+    odd = replace(attr, raw=attr.raw.set_axis(attr.raw.index + 7))
+    for k, (mine, rebuilt) in enumerate([(attr, {"attributed", "raw"}),
+                                         (odd, {"attributed"})]):
+        directory = tmp_path / str(k)
+        directory.mkdir()
+        PartRows.save(PartRows(mine, values), str(directory))
+        written = {p.stem for p in directory.glob("*.arrow")}
+        assert not written & rebuilt and {"att", "raw", "ttft"} <= {
+            p.stem for p in directory.glob("*.npy")}
+        back = PartRows.load(str(directory))
+        assert isinstance(back.att.base, np.memmap) or isinstance(back.att, np.memmap)
+        np.testing.assert_array_equal(back.att, mine.attributed.to_numpy(np.int64))
+        np.testing.assert_array_equal(back.ttft, mine.requests["ttft_ns"].to_numpy(np.int64))
+        for name in FRAMES:
+            pd.testing.assert_frame_equal(getattr(back.attribution, name), getattr(mine, name),
+                                          check_exact=True)
+        pd.testing.assert_frame_equal(back.values.transfers, values.transfers)
