@@ -38,14 +38,19 @@ from ttft.analysis.part_sets import (
     save_keyed,
 )
 
-__all__ = ["BATCH", "BINS", "FETCH_LIMIT", "KEEP_BYTES", "InMemory", "Keyed", "PartSet",
-           "Spilled", "exact_sum", "keyed_bytes", "load_keyed", "medians", "order_statistics",
-           "percentiles", "save_keyed"]
+__all__ = ["BATCH", "BINS", "FETCH_LIMIT", "HELD_BATCH", "KEEP_BYTES", "InMemory", "Keyed",
+           "PartSet", "Spilled", "exact_sum", "keyed_bytes", "load_keyed", "medians",
+           "order_statistics", "percentiles", "save_keyed"]
 
 BINS = 1 << 12
 """Bins of one refinement pass."""
-BATCH = 16
-"""Columns refined together."""
+BATCH = 64
+"""Columns refined together over parts read back pass by pass: each holds `BINS` counts
+and at most `FETCH_LIMIT` fetched keys a rank (64 columns: about 20 MB), and every
+column more in a batch is a pass fewer (a summary's 25 stages are one batch)."""
+HELD_BATCH = 16
+"""Columns taken together over parts held whole (no fetch limit): each holds every one of
+its values' keys while its batch is selected."""
 _FLIP = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
 Column = Callable[[Any], np.ndarray]
@@ -239,8 +244,12 @@ def _order_statistics(parts: PartSet, columns: Sequence[Column],
     time (a stage search asks for hundreds: their fetched values and bins are held only a
     batch at a time)."""
     out: list[Any] = []
-    for first in range(0, len(columns), BATCH):
-        out += _batch_statistics(parts, columns[first:first + BATCH], wanted)
+    held = parts.fetch_limit is None
+    batch = HELD_BATCH if held else BATCH
+    for first in range(0, len(columns), batch):
+        mine = columns[first:first + batch]
+        out += (_held_statistics(parts, mine, wanted) if held
+                else _batch_statistics(parts, mine, wanted))
     return out
 
 
@@ -248,8 +257,6 @@ def _batch_statistics(parts: PartSet, columns: Sequence[Column],
                       wanted: Callable[[int], np.ndarray]
                       ) -> list[tuple[int, dict[int, Any]] | float | None]:
     limit = parts.fetch_limit
-    if limit is None:
-        return _held_statistics(parts, columns, wanted)
     result, windows, dtypes = _first_windows(parts, columns, wanted)
     while windows:
         fetch = {key: w for key, w in windows.items()

@@ -92,13 +92,13 @@ def test_refinement_takes_few_passes_whatever_the_spread():
 
 
 def test_parts_held_whole_take_one_pass_a_batch_and_give_numpy_s():
-    """No fetch limit (every value held anyway): each batch of `BATCH` columns reads every
+    """No fetch limit (every value held anyway): each batch of `HELD_BATCH` columns reads every
     part once, values fetched with the bounds; ties, one value, floats and ints alike."""
     rng = np.random.default_rng(1)
     columns = [np.exp(rng.normal(0, 6, 5_000)), np.full(300, 7, np.int64),
                rng.integers(-10, 10, 4_000), np.asarray([2.5])]
     batches = 2
-    wanted = [columns[c % len(columns)] for c in range(order_stats.BATCH * batches)]
+    wanted = [columns[c % len(columns)] for c in range(order_stats.HELD_BATCH * batches)]
     parts = Tight([[np.array_split(v, 5)[k] for v in wanted] for k in range(5)], None)
     got = percentiles(parts, [(lambda p, c=c: p[c]) for c in range(len(wanted))], [0, 37, 99])
     assert parts.passes == batches

@@ -176,7 +176,7 @@ def test_stage_percentiles_cut_each_part_s_matrix_once_a_pass(monkeypatch):
                         lambda *args, **kw: made.append(1) or real(*args, **kw))
     parts = order_stats.InMemory([PartRows(a, None) for a in attrs])
     table = stage_rows(parts)
-    batches = -(-len(table) // order_stats.BATCH)
+    batches = -(-len(table) // order_stats.HELD_BATCH)
     assert len(made) == len(attrs) * batches
     stacked = np.concatenate([a.attributed.to_numpy(np.int64) for a in attrs])
     columns = list(attrs[0].attributed.columns)
