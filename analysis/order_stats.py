@@ -21,7 +21,8 @@ Memory is O(`BATCH` × (`BINS` + fetch limit)), whatever the number of parts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -39,8 +40,8 @@ from ttft.analysis.part_sets import (
 )
 
 __all__ = ["BATCH", "BINS", "FETCH_LIMIT", "HELD_BATCH", "KEEP_BYTES", "InMemory", "Keyed",
-           "PartSet", "Spilled", "exact_sum", "keyed_bytes", "load_keyed", "medians",
-           "order_statistics", "percentiles", "save_keyed"]
+           "Named", "PartSet", "Spilled", "exact_sum", "keyed_bytes", "load_keyed", "medians",
+           "order_statistics", "percentiles", "remembered", "save_keyed"]
 
 BINS = 1 << 12
 """Bins of one refinement pass."""
@@ -87,23 +88,69 @@ def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
     return out
 
 
+class Named:
+    """A column under a name that says what it holds (``("stage", "cold", 3)``): its
+    percentiles found by `remembered` are kept by the part set under the name and the
+    percentiles asked, so a later `percentiles` of the same name takes no pass."""
+
+    def __init__(self, name: tuple[Any, ...], column: Column) -> None:
+        self.name, self.column = name, column
+
+    def __call__(self, part: Any) -> np.ndarray:
+        return self.column(part)
+
+
+def _wanted_ranks(qs: np.ndarray) -> Callable[[int], np.ndarray]:
+    return lambda n: np.unique(np.r_[_ranks(n, qs)[:2]])
+
+
+def _interpolated(found: Any, qs: np.ndarray) -> np.ndarray | None:
+    """numpy's percentiles ``qs`` of a column from its order statistics (`_order_statistics`)."""
+    if found is None or isinstance(found, float):
+        return None if found is None else np.full(len(qs), np.nan)
+    n, values = found
+    previous, following, gamma = _ranks(n, qs)
+    return _lerp(np.asarray([values[int(r)] for r in previous]),
+                 np.asarray([values[int(r)] for r in following]), gamma)
+
+
+def _memo(parts: PartSet) -> dict[tuple[Any, ...], np.ndarray | None]:
+    return parts.__dict__.setdefault("_remembered", {})
+
+
 def percentiles(parts: PartSet, columns: Sequence[Column], qs: Sequence[float]
                 ) -> list[np.ndarray | None]:
     """``np.percentile(values, qs)`` of each column's values over every part (concatenated
     in part order), bit for bit; None for a column without values. NaN among a column's
-    values makes every figure of it NaN, as numpy's."""
+    values makes every figure of it NaN, as numpy's. A `Named` column `remembered` for
+    these ``qs`` is not read again."""
     qs = np.asarray(qs, np.float64)
-    stats = _order_statistics(parts, columns, lambda n: np.unique(np.r_[_ranks(n, qs)[:2]]))
-    out: list[np.ndarray | None] = []
-    for found in stats:
-        if found is None or isinstance(found, float):
-            out.append(None if found is None else np.full(len(qs), np.nan))
-            continue
-        n, values = found
-        previous, following, gamma = _ranks(n, qs)
-        out.append(_lerp(np.asarray([values[int(r)] for r in previous]),
-                         np.asarray([values[int(r)] for r in following]), gamma))
+    memo, asked = _memo(parts), tuple(qs.tolist())
+    out: list[Any] = [memo.get((c.name, asked), KeyError) if isinstance(c, Named) else KeyError
+                      for c in columns]
+    todo = [i for i, found in enumerate(out) if found is KeyError]
+    stats = _order_statistics(parts, [columns[i] for i in todo], _wanted_ranks(qs))
+    for i, found in zip(todo, stats, strict=True):
+        out[i] = _interpolated(found, qs)
     return out
+
+
+@contextmanager
+def remembered(parts: PartSet, asks: Sequence[tuple[Named, Sequence[float]]]
+               ) -> Iterator[None]:
+    """Within the context, `percentiles` of each ``(column, qs)`` of ``asks`` comes from
+    one set of passes made now for all of them together (a summary's dozens of columns
+    read each part a few times, not a few times each); forgotten on leaving."""
+    memo = _memo(parts)
+    found = _order_statistics(parts, [column for column, _ in asks],
+                              [_wanted_ranks(np.asarray(qs, np.float64)) for _, qs in asks])
+    for (column, qs), stats in zip(asks, found, strict=True):
+        qs = np.asarray(qs, np.float64)
+        memo[(column.name, tuple(qs.tolist()))] = _interpolated(stats, qs)
+    try:
+        yield
+    finally:
+        memo.clear()
 
 
 def medians(parts: PartSet, columns: Sequence[Column]) -> list[float | None]:
@@ -179,10 +226,11 @@ def _column_start(found: Sequence[tuple[int, int, int, int, Any]]
 
 
 def _first_windows(parts: PartSet, columns: Sequence[Column],
-                   wanted: Callable[[int], np.ndarray]
+                   wanted: Sequence[Callable[[int], np.ndarray]]
                    ) -> tuple[list[Any], dict[tuple[int, int, int], list[Any]], dict[int, Any]]:
     """The first pass: per column its result so far (`_column_start`), its window
-    (``(column, lo, hi) -> [below, count, ranks]``: every value, the ranks ``wanted(n)``)
+    (``(column, lo, hi) -> [below, count, ranks]``: every value, the ranks
+    ``wanted[column](n)``)
     and its values' dtype."""
     def bounds(part: Any) -> list[tuple[int, int, int, int, Any]]:
         out = []
@@ -200,12 +248,12 @@ def _first_windows(parts: PartSet, columns: Sequence[Column],
         result.append(start)
         if dtype is not None:
             dtypes[c] = dtype
-            windows[(c, lo, hi)] = [0, start[0], [int(r) for r in wanted(start[0])]]
+            windows[(c, lo, hi)] = [0, start[0], [int(r) for r in wanted[c](start[0])]]
     return result, windows, dtypes
 
 
 def _held_statistics(parts: PartSet, columns: Sequence[Column],
-                     wanted: Callable[[int], np.ndarray]
+                     wanted: Sequence[Callable[[int], np.ndarray]]
                      ) -> list[tuple[int, dict[int, Any]] | float | None]:
     """`_batch_statistics` of parts held in memory (no fetch limit) in one pass: every
     key fetched with the bounds (what the fetch pass would fetch, as the first window is
@@ -225,7 +273,7 @@ def _held_statistics(parts: PartSet, columns: Sequence[Column],
         result.append(start)
         if dtype is None:
             continue
-        ranks = [int(r) for r in wanted(start[0])]
+        ranks = [int(r) for r in wanted[c](start[0])]
         if lo == hi:
             start[1].update((r, _value(lo, dtype)) for r in ranks)
             continue
@@ -238,23 +286,25 @@ def _held_statistics(parts: PartSet, columns: Sequence[Column],
 
 def _order_statistics(parts: PartSet, columns: Sequence[Column],
                       wanted: Callable[[int], np.ndarray]
+                      | Sequence[Callable[[int], np.ndarray]]
                       ) -> list[tuple[int, dict[int, Any]] | float | None]:
     """Per column: None (no values), NaN (a value is NaN), else ``(n, {rank: value})``
-    for the ranks ``wanted(n)`` names, values in the column's dtype; `BATCH` columns at a
-    time (a stage search asks for hundreds: their fetched values and bins are held only a
-    batch at a time)."""
+    for the ranks ``wanted(n)`` names (one function for every column, or one a column),
+    values in the column's dtype; `BATCH` columns at a time (a stage search asks for
+    hundreds: their fetched values and bins are held only a batch at a time)."""
+    wants = [wanted] * len(columns) if callable(wanted) else list(wanted)
     out: list[Any] = []
     held = parts.fetch_limit is None
     batch = HELD_BATCH if held else BATCH
     for first in range(0, len(columns), batch):
-        mine = columns[first:first + batch]
-        out += (_held_statistics(parts, mine, wanted) if held
-                else _batch_statistics(parts, mine, wanted))
+        mine, theirs = columns[first:first + batch], wants[first:first + batch]
+        out += (_held_statistics(parts, mine, theirs) if held
+                else _batch_statistics(parts, mine, theirs))
     return out
 
 
 def _batch_statistics(parts: PartSet, columns: Sequence[Column],
-                      wanted: Callable[[int], np.ndarray]
+                      wanted: Sequence[Callable[[int], np.ndarray]]
                       ) -> list[tuple[int, dict[int, Any]] | float | None]:
     limit = parts.fetch_limit
     result, windows, dtypes = _first_windows(parts, columns, wanted)

@@ -10,257 +10,28 @@ ones over every request, means exact from integer sums (``math.fsum`` for float 
 
 from __future__ import annotations
 
-import abc
-import json
-import os
 from collections.abc import Callable, Mapping
 from fractions import Fraction
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from pyarrow import feather
 
 from ttft.analysis.after_first_token import KEYS
-from ttft.analysis.attribution import FRAMES, Attribution
-from ttft.analysis.order_stats import InMemory, PartSet, exact_sum, percentiles
-from ttft.analysis.quality import EXAMPLES_KEPT, Quality
+from ttft.analysis.attribution import Attribution
+from ttft.analysis.order_stats import InMemory, Named, PartSet, exact_sum, percentiles
+from ttft.analysis.part_rows import EachPart, PartRows, Select, stage_matrix
+from ttft.analysis.quality import EXAMPLES_KEPT
 from ttft.analysis.request_values import RequestValues
 from ttft.tracer.schema import OUTCOMES
 
 __all__ = ["EachPart", "PartRows", "after_first_token", "failed_first_token", "failure_counts",
            "failure_examples", "kv_transfer", "load_figures", "ms_figures", "one_part",
-           "stage_matrix", "stage_rows", "stages", "tail_rows"]
+           "ms_column", "stage_columns", "stage_matrix", "stage_rows", "stages", "summary_asks",
+           "tail_rows"]
 
 _NS_PER_MS = 1e6
 PERCENTILES = (50, 90, 99)
-_MATRICES = ("att", "raw", "ttft")
-"""`PartRows`' int64 arrays that a summary's passes read, saved as ``.npy`` beside the
-frames and memory-mapped when read back: a pass then costs the arithmetic, not decoding
-the frames again."""
-_AS_MATRIX = {"attributed": "att", "raw": "raw"}
-"""Frames saved as their `_MATRICES` file alone (with their column names) where they are
-plain int64 rows 0..n-1: rebuilt from it when read, not written twice."""
-Select = Callable[["PartRows"], np.ndarray] | None
-"""A boolean mask over a part's ok requests (``Attribution.requests``); None: all."""
-
-
-class PartRows:
-    """One part's attribution and request values, their arrays decoded once, and its
-    chunks' regime rows (``analysis.regime.regime``; None where the regime was not asked
-    for or its model is not known); `save` and `load` write and read them as files
-    (``part_sets.Spilled``): the frames as Arrow IPC, the arrays as ``.npz``, the matrices
-    every pass reads as ``.npy`` (`_MATRICES`). What is read back has no defects (a part's
-    defects go with its ``analysis.part.PartHeader``)."""
-
-    def __init__(self, attribution: Attribution, values: RequestValues,
-                 chunks: pd.DataFrame | None = None) -> None:
-        self.attribution = attribution
-        self.values = values
-        self.chunks = chunks
-
-    @staticmethod
-    def save(rows: PartRows, directory: str) -> None:
-        attr, values = rows.attribution, rows.values
-        frames = {name: getattr(attr, name) for name in FRAMES}
-        frames["transfers"] = values.transfers
-        if rows.chunks is not None:  # its attrs (the peaks it was costed with) stay here
-            frames["chunks"] = pd.DataFrame(rows.chunks, copy=False)
-            frames["chunks"].attrs = {}
-        for name in _MATRICES:  # what every pass reads, mapped back (`_SavedRows`)
-            np.save(os.path.join(directory, f"{name}.npy"), getattr(rows, name))
-        matrices = {}  # frames that are a matrix saved above: not written twice
-        for name, matrix in _AS_MATRIX.items():
-            frame = frames[name]
-            if (frame.index.equals(pd.RangeIndex(len(frame)))
-                    and all(dtype == np.int64 for dtype in frame.dtypes)):
-                matrices[name] = [matrix, frame.columns.name, frame.columns.tolist()]
-                del frames[name]
-        for name, frame in frames.items():
-            feather.write_feather(frame, os.path.join(directory, f"{name}.arrow"),
-                                  compression="uncompressed")
-        for kind in ("after_first_token", "load"):
-            np.savez(os.path.join(directory, f"{kind}.npz"), **getattr(values, kind))
-        with open(os.path.join(directory, "attribution.json"), "w") as f:
-            json.dump({"boundary": attr.boundary, "policy": attr.policy,
-                       "matrices": matrices}, f)
-
-    @staticmethod
-    def nbytes(rows: PartRows) -> int:
-        """What the part takes in memory: its frames (strings counted deep) and arrays."""
-        frames = [getattr(rows.attribution, name) for name in FRAMES]
-        frames += [rows.values.transfers] + ([] if rows.chunks is None else [rows.chunks])
-        arrays = [*rows.values.after_first_token.values(), *rows.values.load.values()]
-        return (sum(int(f.memory_usage(index=True, deep=True).sum()) for f in frames)
-                + sum(np.asarray(a).nbytes for a in arrays))
-
-    @staticmethod
-    def load(directory: str) -> PartRows:
-        """The part `save` wrote in ``directory``, each of its frames and sets of arrays
-        read when first used: a pass of a summary reads only what its figures need (the
-        TTFT of each request, not its 25 stages three ways)."""
-        with open(os.path.join(directory, "attribution.json")) as f:
-            said = json.load(f)
-        return _SavedRows(directory, _SavedAttribution(directory, said["boundary"],
-                                                       said["policy"], said["matrices"]),
-                          _SavedValues(directory))
-
-    @cached_property
-    def att(self) -> np.ndarray:
-        return self.attribution.attributed.to_numpy(np.int64)
-
-    @cached_property
-    def raw(self) -> np.ndarray:
-        return self.attribution.raw.to_numpy(np.int64)
-
-    @cached_property
-    def ttft(self) -> np.ndarray:
-        return self.attribution.requests["ttft_ns"].to_numpy(np.int64)
-
-    @cached_property
-    def conditions(self) -> np.ndarray:
-        return self.attribution.requests["condition"].to_numpy(dtype=object)
-
-    @cached_property
-    def cache(self) -> dict[Any, Any]:
-        return {}
-
-    def rows(self, select: Select) -> np.ndarray | slice:
-        return slice(None) if select is None else select(self)
-
-    def of_condition(self, condition: str) -> np.ndarray:
-        """Which ok requests are of ``condition`` (found once a part: every pass of a
-        summary asks again for each of its columns), compared as the column's own dtype
-        does (an Arrow string column in C, not string by string)."""
-        key = ("condition", condition)
-        if key not in self.cache:
-            same = self.attribution.requests["condition"] == condition
-            self.cache[key] = same.fillna(False).to_numpy(bool)
-        return self.cache[key]
-
-    @cached_property
-    def condition_keys(self) -> np.ndarray:
-        """Each ok request's condition as a string ("" for none)."""
-        conditions = self.conditions
-        return np.where(pd.isna(conditions), "", conditions).astype(str)
-
-
-class EachPart:
-    """``make(part)`` of the part last asked about, kept until another part is asked
-    about. ``percentiles`` reads a part's columns one after another in each pass, so
-    columns cut from one matrix (``EachPart(matrix)(part)[j]``) make it once a part and
-    pass, where cutting each column from the part's rows (a strided gather) cost
-    most of a summary's merge."""
-
-    def __init__(self, make: Callable[[Any], Any]) -> None:
-        self.make, self.part, self.value = make, None, None
-
-    def __call__(self, part: Any) -> Any:
-        if self.part is not part:
-            self.part, self.value = None, None  # the last one's value goes first
-            self.value, self.part = self.make(part), part
-        return self.value
-
-
-def stage_matrix(att: np.ndarray, rows: np.ndarray | slice, used: np.ndarray,
-                 scale: float = 1.0) -> np.ndarray:
-    """``att[rows][:, used] / scale`` transposed, C-contiguous: row ``i`` is stage
-    ``used[i]``'s values, each as ``att[rows, used[i]] / scale`` gives it (int64 kept for
-    a scale of 1)."""
-    picked = att[rows][:, used]
-    return np.ascontiguousarray((picked if scale == 1.0 else picked / scale).T)
-
-
-def _frame(directory: str, name: str) -> pd.DataFrame:
-    return feather.read_feather(os.path.join(directory, f"{name}.arrow"), memory_map=False)
-
-
-class _Saved(abc.ABC):
-    """What was saved in a directory (``_directory``), each of `_NAMES` read by `_read`
-    when first used and kept."""
-
-    _NAMES: tuple[str, ...] = ()
-    _directory: str
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in self._NAMES or "_directory" not in self.__dict__:
-            raise AttributeError(name)
-        value = self.__dict__[name] = self._read(name)
-        return value
-
-    @abc.abstractmethod
-    def _read(self, name: str) -> Any:
-        """The saved ``name``."""
-
-
-class _SavedAttribution(_Saved, Attribution):
-    _NAMES = FRAMES
-
-    def __init__(self, directory: str, boundary: str, policy: str,
-                 matrices: Mapping[str, list[Any]]) -> None:
-        self._directory, self.boundary, self.policy = directory, boundary, policy
-        self._matrices = matrices
-        self.quality = Quality()
-
-    def _read(self, name: str) -> pd.DataFrame:
-        if name in self._matrices:  # saved as its matrix (`PartRows.save`)
-            matrix, columns_name, columns = self._matrices[name]
-            values = np.load(os.path.join(self._directory, f"{matrix}.npy"), allow_pickle=False)
-            return pd.DataFrame(values, columns=pd.Index(columns, name=columns_name))
-        frame = _frame(self._directory, name)
-        if name == "failed" and "status_code" in frame and frame["status_code"].dtype.kind == "f":
-            # Arrow gives ints with nulls back as floats; the frame holds ints and None
-            frame["status_code"] = pd.Series(
-                [None if pd.isna(v) else int(v) for v in frame["status_code"]],
-                index=frame.index, dtype=object)
-        return frame
-
-
-class _SavedValues(_Saved, RequestValues):
-    _NAMES = ("after_first_token", "load", "transfers")
-
-    def __init__(self, directory: str) -> None:
-        self._directory = directory
-
-    def _read(self, name: str) -> Any:
-        if name == "transfers":
-            return _frame(self._directory, name)
-        with np.load(os.path.join(self._directory, f"{name}.npz"),
-                     allow_pickle=False) as found:
-            return {key: found[key] for key in found.files}
-
-
-class _SavedRows(_Saved, PartRows):
-    _NAMES = ("chunks",)
-
-    def __init__(self, directory: str, attribution: Attribution, values: RequestValues
-                 ) -> None:
-        self._directory, self.attribution, self.values = directory, attribution, values
-
-    def _read(self, name: str) -> pd.DataFrame | None:
-        there = os.path.exists(os.path.join(self._directory, "chunks.arrow"))
-        return _frame(self._directory, "chunks") if there else None
-
-    def _matrix(self, name: str) -> np.ndarray:
-        """One of `_MATRICES`, mapped from its file (pages read as a pass touches them,
-        let go with this part), as a plain array."""
-        return np.asarray(np.load(os.path.join(self._directory, f"{name}.npy"),
-                                  mmap_mode="r", allow_pickle=False))
-
-    @cached_property
-    def att(self) -> np.ndarray:
-        return self._matrix("att")
-
-    @cached_property
-    def raw(self) -> np.ndarray:
-        return self._matrix("raw")
-
-    @cached_property
-    def ttft(self) -> np.ndarray:
-        return self._matrix("ttft")
-
-
 def one_part(attr: Attribution, values: RequestValues | None = None) -> InMemory:
     """One attribution (and its values, else none) as the one part of a `PartSet`."""
     return InMemory([PartRows(attr, values or RequestValues({}, {}, pd.DataFrame()))])
@@ -274,12 +45,21 @@ def stages(parts: PartSet) -> np.ndarray:
     return np.asarray(names[0] if names else ())
 
 
-def ms_figures(parts: PartSet, column: Callable[[PartRows], np.ndarray]
-               ) -> dict[str, float] | None:
+def ms_column(column: Callable[[PartRows], np.ndarray], name: tuple[Any, ...] | None = None
+              ) -> Callable[[PartRows], np.ndarray]:
+    """An int64 ns column in ms, `Named` ``("ms", *name)`` when given a name (a summary
+    finds its percentiles with its others: `summary_asks`)."""
+    def ms(p: PartRows) -> np.ndarray:
+        return column(p).astype(np.float64) / _NS_PER_MS
+
+    return ms if name is None else Named(("ms", *name), ms)
+
+
+def ms_figures(parts: PartSet, column: Callable[[PartRows], np.ndarray],
+               name: tuple[Any, ...] | None = None) -> dict[str, float] | None:
     """p50/p90/p99/mean in ms of an int64 ns column (mean from the integer sum; None for
-    no values)."""
-    (found,) = percentiles(parts, [lambda p: column(p).astype(np.float64) / _NS_PER_MS],
-                           PERCENTILES)
+    no values); ``name`` as `ms_column`'s."""
+    (found,) = percentiles(parts, [ms_column(column, name)], PERCENTILES)
     if found is None:
         return None
     def sums(p: PartRows) -> tuple[int, int]:
@@ -292,17 +72,32 @@ def ms_figures(parts: PartSet, column: Callable[[PartRows], np.ndarray]
     return out
 
 
-def stage_rows(parts: PartSet, select: Select = None) -> pd.DataFrame:
-    """``summary.stage_table`` over the parts' requests ``select`` keeps."""
+def _stage_sums(p: PartRows, select: Select) -> tuple[Any, ...]:
+    """A part's count, TTFT sum, stage sums and stages with time of the requests
+    ``select`` keeps."""
+    rows = p.rows(select)
+    att, raw, ttft = p.att[rows], p.raw[rows], p.ttft[rows]
+    return (len(ttft), int(ttft.sum()), att.sum(axis=0), raw.sum(axis=0),
+            (att > 0).any(axis=0) | (raw > 0).any(axis=0))
+
+
+def stage_columns(select: Select, used: np.ndarray, name: tuple[Any, ...] | None = None
+                  ) -> list[Callable[[PartRows], np.ndarray]]:
+    """The ms of each stage of ``used`` of the requests ``select`` keeps, cut from one
+    matrix a part and pass (`EachPart`); `Named` ``("stage", *name, stage)`` with a name."""
+    matrix = EachPart(lambda p: stage_matrix(p.att, p.rows(select), used, _NS_PER_MS))
+    columns = [(lambda p, i=i: matrix(p)[i]) for i in range(len(used))]
+    return columns if name is None else [Named(("stage", *name, int(j)), c)
+                                         for j, c in zip(used, columns, strict=True)]
+
+
+def stage_rows(parts: PartSet, select: Select = None, name: tuple[Any, ...] | None = None
+               ) -> pd.DataFrame:
+    """``summary.stage_table`` over the parts' requests ``select`` keeps; ``name`` as
+    `stage_columns`'."""
     names = stages(parts)
 
-    def sums(p: PartRows) -> tuple[Any, ...]:
-        rows = p.rows(select)
-        att, raw, ttft = p.att[rows], p.raw[rows], p.ttft[rows]
-        return (len(ttft), int(ttft.sum()), att.sum(axis=0), raw.sum(axis=0),
-                (att > 0).any(axis=0) | (raw > 0).any(axis=0))
-
-    found = parts.map(sums)
+    found = parts.map(lambda p: _stage_sums(p, select))
     columns = ["p50", "p90", "p99", "mean", "share", "raw_mean", "overlap_mean"]
     n = sum(f[0] for f in found)
     if n == 0:
@@ -311,9 +106,7 @@ def stage_rows(parts: PartSet, select: Select = None) -> pd.DataFrame:
     att = np.sum([f[2] for f in found], axis=0).astype(np.int64)[used]
     raw = np.sum([f[3] for f in found], axis=0).astype(np.int64)[used]
     total = float(np.int64(sum(f[1] for f in found)))
-    matrix = EachPart(lambda p: stage_matrix(p.att, p.rows(select), used, _NS_PER_MS))
-    figures = percentiles(parts, [(lambda p, i=i: matrix(p)[i]) for i in range(len(used))],
-                          PERCENTILES)
+    figures = percentiles(parts, stage_columns(select, used, name), PERCENTILES)
     table = pd.DataFrame(np.asarray(figures).reshape(len(used), 3), index=names[used],
                          columns=["p50", "p90", "p99"])
     table["mean"] = att / n / _NS_PER_MS
@@ -332,9 +125,13 @@ def _band_sums(parts: PartSet, used: np.ndarray, keep: Callable[[np.ndarray], np
     return sum(f[0] for f in found), np.sum([f[1] for f in found], axis=0).astype(np.int64)
 
 
+_TTFT_NS = Named(("ttft_ns",), lambda p: p.ttft)
+_TAIL_QS = (40, 50, 60, 99)
+
+
 def tail_rows(parts: PartSet) -> pd.DataFrame:
     """``summary.tail_mix`` over the parts."""
-    (found,) = percentiles(parts, [lambda p: p.ttft], [40, 50, 60, 99])
+    (found,) = percentiles(parts, [_TTFT_NS], _TAIL_QS)
     if found is None:
         return pd.DataFrame(columns=["tail_mean", "median_mean"], dtype=float)
     p40, p50, p60, p99 = found
@@ -387,21 +184,26 @@ def failure_examples(parts: PartSet, counts: Mapping[str, int]
     return out
 
 
+def _failed_ttft(p: PartRows) -> np.ndarray:
+    ttft = p.attribution.failed["ttft_ns"].to_numpy(dtype=np.int64)
+    return ttft[ttft >= 0]
+
+
 def failed_first_token(parts: PartSet) -> dict[str, Any] | None:
     """The failed requests that saw a first token: how many, and their TTFT."""
-    def seen(p: PartRows) -> np.ndarray:
-        ttft = p.attribution.failed["ttft_ns"].to_numpy(dtype=np.int64)
-        return ttft[ttft >= 0]
-
-    found = ms_figures(parts, seen)
+    found = ms_figures(parts, _failed_ttft, ("failed",))
     return None if found is None else {
-        "requests": int(sum(parts.map(lambda p: len(seen(p))))), "ttft_ms": found}
+        "requests": int(sum(parts.map(lambda p: len(_failed_ttft(p))))), "ttft_ms": found}
+
+
+_AFTER = [Named(("after", k), lambda p, k=k: np.asarray(p.values.after_first_token[k],
+                                                          np.float64) / _NS_PER_MS)
+          for k in KEYS]
 
 
 def after_first_token(parts: PartSet) -> dict[str, dict | None]:
     """``after_first_token.summarize_values`` over the parts."""
-    columns = [(lambda p, k=k: np.asarray(p.values.after_first_token[k], np.float64)
-                / _NS_PER_MS) for k in KEYS]
+    columns = _AFTER
     found = percentiles(parts, columns, PERCENTILES)
     sums = parts.map(lambda p: [(len(c(p)), exact_sum(c(p))) for c in columns])
     out: dict[str, dict | None] = {}
@@ -433,29 +235,39 @@ def load_figures(parts: PartSet) -> dict[str, Any] | None:
     if not found:
         return None
 
-    def e2e(p: PartRows) -> np.ndarray:
-        v = p.values.load
-        return (v["end_ns"] - v["start_ns"])[v["completed"]]
-
     return {"duration_ns": max(f[1] for f in found) - min(f[0] for f in found),
             "requests": sum(f[2] for f in found),
             "output_tokens": sum(f[3] for f in found),
             "content_filter": sum(f[4] for f in found),
-            "e2e": ms_figures(parts, e2e)}
+            "e2e": ms_figures(parts, _e2e, ("e2e",))}
+
+
+def _e2e(p: PartRows) -> np.ndarray:
+    """The completed requests' end-to-end ns."""
+    v = p.values.load
+    return (v["end_ns"] - v["start_ns"])[v["completed"]]
 
 
 def _bounds(values: np.ndarray) -> tuple[float, float] | None:
     return (float(values.min()), float(values.max())) if len(values) else None
 
 
+def _measured(p: PartRows) -> pd.DataFrame:
+    """The K/V transfers whose bandwidth was measured, not estimated."""
+    frame = p.values.transfers
+    return frame[~frame["estimated"].to_numpy(bool) & frame["bytes_per_s"].notna()]
+
+_TRANSFERS = [Named(("transfer_ms",), lambda p: p.values.transfers["dur_ns"].to_numpy(np.int64)
+                    / _NS_PER_MS),
+              Named(("transfer_bytes_per_s",),
+                    lambda p: _measured(p)["bytes_per_s"].to_numpy(np.float64))]
+_TRANSFER_QS = (50, 90)
+
+
 def kv_transfer(parts: PartSet) -> dict[str, Any] | None:
     """``analysis.transfer.transfer_summary`` over the parts."""
-    def measured(p: PartRows) -> pd.DataFrame:
-        frame = p.values.transfers
-        return frame[~frame["estimated"].to_numpy(bool) & frame["bytes_per_s"].notna()]
-
     def sums(p: PartRows) -> tuple[Any, ...]:
-        frame, kept = p.values.transfers, measured(p)
+        frame, kept = p.values.transfers, _measured(p)
         return (len(frame), int(frame["estimated"].sum()),
                 int(frame["blocks"][frame["blocks"] >= 0].sum()),
                 int(frame["bytes"][frame["bytes"] >= 0].sum()),
@@ -467,9 +279,7 @@ def kv_transfer(parts: PartSet) -> dict[str, Any] | None:
     found = parts.map(sums)
     if sum(f[0] for f in found) == 0:
         return None
-    duration, bandwidth = percentiles(parts, [
-        lambda p: p.values.transfers["dur_ns"].to_numpy(np.int64) / _NS_PER_MS,
-        lambda p: measured(p)["bytes_per_s"].to_numpy(np.float64)], [50, 90])
+    duration, bandwidth = percentiles(parts, _TRANSFERS, _TRANSFER_QS)
     bounds = [f[8] for f in found if f[8] is not None]
     counts = [f[6] for f in found if len(f[6])]
     first = pd.concat(counts).groupby(level=0).sum() if counts else pd.Series(dtype=int)
@@ -485,7 +295,7 @@ def kv_transfer(parts: PartSet) -> dict[str, Any] | None:
         "first_token": {str(k): int(n) for k, n in sorted(first.items())},
     }
     if bandwidth is not None:
-        requests = int(sum(parts.map(lambda p: len(measured(p)))))
+        requests = int(sum(parts.map(lambda p: len(_measured(p)))))
         out["bytes_per_s"] = {"p50": float(bandwidth[0]), "p90": float(bandwidth[1]),
                               "min": min(b[0] for b in bounds),
                               "max": max(b[1] for b in bounds),
@@ -495,3 +305,26 @@ def kv_transfer(parts: PartSet) -> dict[str, Any] | None:
     return out
 
 
+
+
+def summary_asks(parts: PartSet, conditions: list[str]
+                 ) -> list[tuple[Named, tuple[float, ...]]]:
+    """Every percentile a summary takes of plain columns (``order_stats.remembered``
+    finds them in one set of passes): TTFT overall and for each of ``conditions``, their
+    stages' (the stages with time found in one pass now), after the first token, the
+    failed requests', end to end, the tail's and K/V transfers'. Each is the `Named`
+    column the figure above asks for itself."""
+    selects: dict[tuple[Any, ...], Select] = {("all",): None}
+    selects.update({(c,): (lambda p, c=c: p.of_condition(c)) for c in conditions})
+    found = parts.map(lambda p: [_stage_sums(p, select)[4] for select in selects.values()])
+    asks: list[tuple[Named, tuple[float, ...]]] = []
+    for s, (name, select) in enumerate(selects.items()):
+        used = np.flatnonzero(np.any([f[s] for f in found], axis=0)) if found else []
+        asks += [(c, PERCENTILES) for c in stage_columns(select, np.asarray(used, np.intp),
+                                                          name)]
+    ttft = [ms_column(lambda p: p.ttft, ("ttft",))]
+    ttft += [ms_column(lambda p, c=c: p.ttft[p.of_condition(c)], ("ttft", c))
+             for c in conditions]
+    asks += [(c, PERCENTILES) for c in [*ttft, *_AFTER, ms_column(_failed_ttft, ("failed",)),
+                                       ms_column(_e2e, ("e2e",))]]
+    return asks + [(_TTFT_NS, _TAIL_QS)] + [(c, _TRANSFER_QS) for c in _TRANSFERS]

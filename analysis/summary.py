@@ -18,7 +18,7 @@ import pandas as pd
 
 from ttft.analysis.attribution import Attribution
 from ttft.analysis.load import check_slo, per_s
-from ttft.analysis.order_stats import PartSet
+from ttft.analysis.order_stats import PartSet, remembered
 from ttft.analysis.part_figures import (
     PERCENTILES,
     PartRows,
@@ -31,6 +31,7 @@ from ttft.analysis.part_figures import (
     ms_figures,
     one_part,
     stage_rows,
+    summary_asks,
     tail_rows,
 )
 from ttft.analysis.quality import Quality
@@ -198,20 +199,33 @@ def summary_of(parts: PartSet, boundary: str, policy: str, quality: Quality, *,
         check_slo(slo)
     counts = parts.map(lambda p: (len(p.ttft), len(p.attribution.failed),
                                   {c: int(p.of_condition(c).sum()) for c in CONDITIONS}))
+    present = [cond for cond in CONDITIONS if sum(c[2][cond] for c in counts)]
+    # parts read back pass by pass: their percentiles in one set of passes (held parts
+    # take one pass a percentile call, which costs them less than planning it does)
+    asks = [] if parts.fetch_limit is None else summary_asks(parts, present)
+    with remembered(parts, asks):
+        return _summary(parts, counts, present, boundary, policy, quality, trace,
+                        schema_version, slo)
+
+
+def _summary(parts: PartSet, counts: list[Any], present: list[str], boundary: str,
+             policy: str, quality: Quality, trace: str, schema_version: int,
+             slo: Mapping[str, float] | None) -> Summary:
+    """`summary_of`'s figures, its percentiles of plain columns found already."""
     n_ok = sum(c[0] for c in counts)
     by_condition = {}
-    for cond in CONDITIONS:
+    for cond in present:
         n = sum(c[2][cond] for c in counts)
-        if n:
-            def mine(p: PartRows, cond: str = cond) -> np.ndarray:
-                return p.of_condition(cond)
 
-            by_condition[cond] = {
-                "requests": n,
-                "ttft_ms": ms_figures(parts, lambda p, mine=mine: p.ttft[mine(p)]),
-                "stages": _stages_dict(stage_rows(parts, mine)),
-                "failures": failure_counts(parts, cond),
-            }
+        def mine(p: PartRows, cond: str = cond) -> np.ndarray:
+            return p.of_condition(cond)
+
+        by_condition[cond] = {
+            "requests": n,
+            "ttft_ms": ms_figures(parts, lambda p, mine=mine: p.ttft[mine(p)], ("ttft", cond)),
+            "stages": _stages_dict(stage_rows(parts, mine, (cond,))),
+            "failures": failure_counts(parts, cond),
+        }
     clocks = clock_list(quality)
     disagree = any(c["applied"] or c["violations_after"] for c in clocks)
     failures = failure_counts(parts)
@@ -227,8 +241,8 @@ def summary_of(parts: PartSet, boundary: str, policy: str, quality: Quality, *,
         failure_examples=failure_examples(parts, failures),
         failed_first_token=failed_first_token(parts),
         # no made-up 0 ms: no ok request had one
-        ttft_ms=ms_figures(parts, lambda p: p.ttft) if n_ok else None,
-        stages=_stages_dict(stage_rows(parts)),
+        ttft_ms=ms_figures(parts, lambda p: p.ttft, ("ttft",)) if n_ok else None,
+        stages=_stages_dict(stage_rows(parts, None, ("all",))),
         conditions=by_condition,
         **after_first_token(parts),
         tail=_stages_dict(tail_rows(parts)),

@@ -12,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ttft.analysis import order_stats, part_sets
-from ttft.analysis.order_stats import InMemory, Spilled, exact_sum, medians, percentiles
+from ttft.analysis.order_stats import (
+    InMemory,
+    Named,
+    Spilled,
+    exact_sum,
+    medians,
+    percentiles,
+    remembered,
+)
 
 
 class Tight(InMemory):
@@ -107,6 +115,31 @@ def test_parts_held_whole_take_one_pass_a_batch_and_give_numpy_s():
     mixed = Tight([np.asarray([1.0]), np.asarray([2], np.int64)], None)
     with pytest.raises(ValueError, match="floats in some parts and integers in others"):
         percentiles(mixed, [lambda p: p], [50])
+
+
+def test_remembered_columns_are_found_together_and_asked_again_without_a_pass():
+    """``remembered``: the asked (column, percentiles) pairs are found in one set of
+    passes, numpy's bit for bit; asking again inside takes no pass, other percentiles of
+    the same column or an unnamed column do, and nothing is kept after the context."""
+    rng = np.random.default_rng(4)
+    values = np.exp(rng.normal(0, 4, 30_000))
+    parts = Tight(np.array_split(values, 6), 500)
+    a, b = Named(("a",), lambda p: p), Named(("b",), lambda p: p * 2.0)
+    with remembered(parts, [(a, [50, 99]), (b, [10])]):
+        found = parts.passes
+        assert found <= 5
+        (got_a,), (got_b,) = percentiles(parts, [a], [50, 99]), percentiles(parts, [b], [10])
+        assert parts.passes == found
+        assert got_a.tobytes() == np.percentile(values, [50, 99]).tobytes()
+        assert got_b.tobytes() == np.percentile(values * 2.0, [10]).tobytes()
+        (other,) = percentiles(parts, [a], [10])
+        assert parts.passes > found and other.tobytes() == np.percentile(values, [10]).tobytes()
+        again = parts.passes
+        percentiles(parts, [lambda p: p], [50, 99])
+        assert parts.passes > again
+    left = parts.passes
+    percentiles(parts, [a], [50, 99])
+    assert parts.passes > left
 
 
 def test_a_spilled_set_holds_its_parts_on_disk_and_gives_the_same(tmp_path):
