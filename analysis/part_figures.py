@@ -10,7 +10,7 @@ ones over every request, means exact from integer sums (``math.fsum`` for float 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -27,7 +27,8 @@ from ttft.tracer.schema import OUTCOMES
 
 __all__ = ["EachPart", "PartRows", "after_first_token", "failed_first_token", "failure_counts",
            "failure_examples", "kv_transfer", "load_figures", "ms_figures", "one_part",
-           "ms_column", "stage_columns", "stage_matrix", "stage_rows", "stages", "summary_asks",
+           "ms_column", "stage_columns", "stage_matrix", "stage_rows", "stages", "stages_with_time",
+           "summary_asks",
            "tail_rows"]
 
 _NS_PER_MS = 1e6
@@ -307,19 +308,28 @@ def kv_transfer(parts: PartSet) -> dict[str, Any] | None:
 
 
 
-def summary_asks(parts: PartSet, conditions: list[str]
+def stages_with_time(p: PartRows, conditions: Sequence[str]) -> dict[tuple[str], np.ndarray]:
+    """Which stages have time in a part, among all its requests (``("all",)``) and those
+    of each of ``conditions`` (``(condition,)``): what `stage_rows` finds for its columns,
+    from one boolean matrix."""
+    timed = (p.att > 0) | (p.raw > 0)
+    out = {("all",): timed.any(axis=0)}
+    out.update({(c,): timed[p.of_condition(c)].any(axis=0) for c in conditions})
+    return out
+
+
+def summary_asks(conditions: Sequence[str], timed: Sequence[Mapping[tuple[str], np.ndarray]]
                  ) -> list[tuple[Named, tuple[float, ...]]]:
     """Every percentile a summary takes of plain columns (``order_stats.remembered``
     finds them in one set of passes): TTFT overall and for each of ``conditions``, their
-    stages' (the stages with time found in one pass now), after the first token, the
-    failed requests', end to end, the tail's and K/V transfers'. Each is the `Named`
-    column the figure above asks for itself."""
-    selects: dict[tuple[Any, ...], Select] = {("all",): None}
+    stages' (those with time in any part: each part's `stages_with_time` in ``timed``),
+    after the first token, the failed requests', end to end, the tail's and K/V
+    transfers'. Each is the `Named` column the figure above asks for itself."""
+    selects: dict[tuple[str], Select] = {("all",): None}
     selects.update({(c,): (lambda p, c=c: p.of_condition(c)) for c in conditions})
-    found = parts.map(lambda p: [_stage_sums(p, select)[4] for select in selects.values()])
     asks: list[tuple[Named, tuple[float, ...]]] = []
-    for s, (name, select) in enumerate(selects.items()):
-        used = np.flatnonzero(np.any([f[s] for f in found], axis=0)) if found else []
+    for name, select in selects.items():
+        used = np.flatnonzero(np.any([t[name] for t in timed], axis=0)) if timed else []
         asks += [(c, PERCENTILES) for c in stage_columns(select, np.asarray(used, np.intp),
                                                           name)]
     ttft = [ms_column(lambda p: p.ttft, ("ttft",))]

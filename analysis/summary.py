@@ -31,6 +31,7 @@ from ttft.analysis.part_figures import (
     ms_figures,
     one_part,
     stage_rows,
+    stages_with_time,
     summary_asks,
     tail_rows,
 )
@@ -197,12 +198,14 @@ def summary_of(parts: PartSet, boundary: str, policy: str, quality: Quality, *,
     """
     if slo:
         check_slo(slo)
+    # parts read back pass by pass: their percentiles in one set of passes, planned in
+    # this first one (held parts take one pass a percentile call: cheaper than planning)
+    planned = parts.fetch_limit is not None
     counts = parts.map(lambda p: (len(p.ttft), len(p.attribution.failed),
-                                  {c: int(p.of_condition(c).sum()) for c in CONDITIONS}))
+                                  {c: int(p.of_condition(c).sum()) for c in CONDITIONS},
+                                  stages_with_time(p, CONDITIONS) if planned else None))
     present = [cond for cond in CONDITIONS if sum(c[2][cond] for c in counts)]
-    # parts read back pass by pass: their percentiles in one set of passes (held parts
-    # take one pass a percentile call, which costs them less than planning it does)
-    asks = [] if parts.fetch_limit is None else summary_asks(parts, present)
+    asks = summary_asks(present, [c[3] for c in counts]) if planned else []
     with remembered(parts, asks):
         return _summary(parts, counts, present, boundary, policy, quality, trace,
                         schema_version, slo)
