@@ -8,6 +8,7 @@ Dask (``distributed``) is the ``dask`` extra: ``pip install 'ttft[dask]'``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Union
@@ -145,13 +146,23 @@ a partition's analysis took 1.6× as long (docs/architecture.md, "Workers' memor
 
 def local_cluster(workers: int, **options: Any) -> Any:
     """A Dask ``LocalCluster`` of ``workers`` one-thread processes on 127.0.0.1, their
-    environment as `WORKER_ENVIRON` says; ``options`` go to ``LocalCluster``."""
+    environment as `WORKER_ENVIRON` says; ``options`` go to ``LocalCluster``.
+
+    A nanny writes its pre-spawn environment into this process's own ``os.environ``
+    before it spawns, so any cluster started here before (with Dask's defaults) would
+    hand ``MALLOC_TRIM_THRESHOLD_`` on to these workers: what `WORKER_ENVIRON` unsets is
+    out of ``os.environ`` while they start, and put back after."""
     import dask
     from distributed import LocalCluster
 
     environ = {f"distributed.nanny.pre-spawn-environ.{name}": value
                for name, value in WORKER_ENVIRON.items()}
-    with dask.config.set(environ):  # the nannies read it as they are made
-        return LocalCluster(**{"n_workers": workers, "threads_per_worker": 1,
-                               "processes": True, "host": "127.0.0.1", "silence_logs": 40,
-                               **options})
+    held = {name: os.environ.pop(name) for name, value in WORKER_ENVIRON.items()
+            if value is None and name in os.environ}
+    try:
+        with dask.config.set(environ):  # the nannies read it as they are made
+            return LocalCluster(**{"n_workers": workers, "threads_per_worker": 1,
+                                   "processes": True, "host": "127.0.0.1",
+                                   "silence_logs": 40, **options})
+    finally:
+        os.environ.update(held)
