@@ -36,7 +36,9 @@ Measured, in one run:
   what this machine allows (`measure_ceiling`): the same per-partition tasks in one plain
   process against two at once, no Dask and no driver; on 2 cores the driver and the
   scheduler share the cores with the 2 workers, and with the 1 worker they have one of
-  their own.
+  their own. And what Dask itself allows (`measure_dask_ceiling`): the same tasks on the
+  same clusters with no driver work, their parts dropped on the workers, or sent to a
+  driver that drops them.
 - memory, at each of ``--sizes`` spans with the partition size held constant (partitions
   = ``--partitions`` × size / ``--spans``): a fresh 2-worker cluster analyses the dataset
   once, then each worker's peak RSS (``VmHWM`` in ``/proc/self/status``, via
@@ -243,6 +245,8 @@ def measure_speed(path: Path, rounds: int, single: bool) -> dict[str, Any]:
                 out["times_s"][n].append(took)
                 out["cpu_s"][n].append((workers_cpu, driver_cpu))
                 out["load"].append(os.getloadavg()[0])
+        out["dask"] = measure_dask_ceiling(path, {n: c for n, (_, c) in clusters.items()},
+                                           rounds)
     if single:
         from ttft.analysis import analyze
         from ttft.collectors import read_spans
@@ -267,6 +271,50 @@ def _plain_tasks(path: str, pieces: list[int]) -> float:
     for piece in pieces:
         _first_task(location, piece, None, "exclusive")
     return time.perf_counter() - started
+
+
+def _first_task_dropped(path: str, piece: int) -> None:
+    """A worker's first task of ``piece`` whose result stays on the worker (dropped)."""
+    from ttft.collectors import TraceLocation
+    from ttft.reports.runs.analyses import _first_task
+
+    _first_task(TraceLocation(path), piece, None, "exclusive")
+
+
+def _first_task_returned(path: str, piece: int) -> Any:
+    """A worker's first task of ``piece``, its result (the part) sent to the driver."""
+    from ttft.collectors import TraceLocation
+    from ttft.reports.runs.analyses import _first_task
+
+    return _first_task(TraceLocation(path), piece, None, "exclusive")
+
+
+def measure_dask_ceiling(path: Path, clients: dict[int, Any], rounds: int
+                         ) -> dict[tuple[int, str], list[float]]:
+    """What Dask itself allows: every partition's first task on each cluster (``clients``:
+    workers → client), as ``analyze_location`` submits them, with no driver work at all:
+    ``dropped``, nothing sent back; ``returned``, each part sent to this process, which
+    drops it as it comes (what moving the parts costs). Wall seconds, ``rounds`` each,
+    alternating, after the clusters' warm-up."""
+    from distributed import as_completed
+
+    from ttft.collectors import TraceLocation
+
+    partitions = TraceLocation(str(path)).partitions()
+    out: dict[tuple[int, str], list[float]] = {}
+    for _ in range(rounds):
+        for n, client in clients.items():
+            for name, task in (("dropped", _first_task_dropped),
+                               ("returned", _first_task_returned)):
+                started = time.perf_counter()
+                futures = client.map(task, [str(path)] * partitions, range(partitions),
+                                     pure=False)
+                for future in as_completed(futures):
+                    future.result()
+                    future.release()
+                out.setdefault((n, name), []).append(time.perf_counter() - started)
+                del futures
+    return out
 
 
 def measure_ceiling(path: Path, partitions: int, rounds: int) -> dict[str, list[float]]:
@@ -386,6 +434,14 @@ def _print_speed(info: dict[str, Any], speed: dict[str, Any], rounds: int) -> di
         print(f"this machine's ceiling: the same first tasks in 2 plain processes / 1, no Dask "
               f"and no driver: {rate['ceiling']:.2f}× ({one:.2f} s / {two:.2f} s); "
               f"2 workers / 1 worker reach {rate[2] / rate[1] / rate['ceiling']:.0%} of it")
+    dask = speed.get("dask")
+    if dask is not None:
+        for name, what in (("dropped", "nothing sent back"),
+                           ("returned", "each part sent to a driver that drops it")):
+            one, two = (statistics.median(dask[(n, name)]) for n in (1, 2))
+            rate[f"dask_{name}"] = one / two
+            print(f"Dask's own ceiling, the same first tasks on the same clusters, {what}: "
+                  f"{one / two:.2f}× ({one:.2f} s / {two:.2f} s)")
     if "single" in rate:
         print(f"2 workers / 1 process: {rate[2] / rate['single']:.2f}× (goal ≥ 1)")
     if "same" in speed:
@@ -452,6 +508,10 @@ def main() -> None:
     if "ceiling" in rate:
         figures.append(Figure("scale", "2 plain processes / 1, the same tasks (the ceiling)",
                               rate["ceiling"], "×"))
+    for name, what in (("dropped", "nothing sent back"), ("returned", "parts sent back")):
+        if f"dask_{name}" in rate:
+            figures.append(Figure("scale", f"Dask's ceiling, the same tasks, {what}",
+                                  rate[f"dask_{name}"], "×"))
     if "single" in rate:
         figures += [Figure("scale", "1 process, read_spans + analyze", rate["single"],
                            "spans/s"),
