@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ttft.analysis import _column_arrays as col
 from ttft.analysis._request_blocks import iter_blocks
 from ttft.tracer.schema import REQUEST_STAGES, STAGE_NAMES
 
@@ -22,8 +23,8 @@ N_STAGES = len(STAGE_NAMES)
 @dataclass
 class Spans:
     """Request-level spans (plus joined ``gpu`` copies), grouped by request: a request's
-    spans are consecutive from ``offsets[request]``, and requests are laid out by span
-    count, then number (so each block of `_request_blocks.iter_blocks` is one run).
+    spans are consecutive from ``offsets[request]``, requests laid out in order (a
+    block of `_request_blocks.iter_blocks`, its requests of one span count, gathers them).
 
     All arrays have one entry per span; ``sid_hi``/``sid_lo`` are the span id as two
     words that compare like the id string; ``parent`` is the column of the parent inside the
@@ -103,7 +104,11 @@ def resolve_trees(
     }
     request_level = np.zeros(N_STAGES + 1, bool)
     request_level[[CODE[s] for s in REQUEST_STAGES]] = True
-    for ids, pos in iter_blocks(spans.counts, spans.offsets):
+    counts = spans.counts
+    if len(spans.req) >= col.KERNEL_ROWS:  # compiled, but for the requests it leaves to blocks
+        counts = np.where(_compiled(spans, has_sid, psid, has_parent, trace, request_level,
+                                    out), counts, 0)
+    for ids, pos in iter_blocks(counts, spans.offsets):
         k = pos.shape[1]
         hi, lo, hs = pos.take(spans.sid_hi), pos.take(spans.sid_lo), pos.take(has_sid)
         start, end, stage = pos.take(spans.start_ns), pos.take(spans.end_ns), pos.take(spans.stage)
@@ -152,6 +157,40 @@ def resolve_trees(
             outside |= cand & ((end < lo) | (start > hi))
         out["outside"][ids] = outside.sum(axis=1)
     return out
+
+
+def _compiled(spans: Spans, has_sid: np.ndarray, psid: tuple[np.ndarray, ...],
+              has_parent: np.ndarray, trace: np.ndarray, request_level: np.ndarray,
+              out: dict[str, np.ndarray]) -> np.ndarray:
+    """`resolve_trees` by the compiled kernel (``_tree_kernels.resolve_requests``), into
+    ``spans`` and ``out``; returns which requests it left to the blocks: those repeating a
+    ``(trace, span id)`` (which copy is kept is the sorting path's rule) or whose earliest
+    spans differ only in trace (ranked by trace id string)."""
+    from ttft.analysis._tree_kernels import resolve_requests  # numba: large tables
+
+    n_req = len(spans.counts)
+    roots = np.full((2, n_req), -1, np.int64)
+    ends = np.full((7, n_req), NONE_NS, np.int64)
+    tallies = np.zeros((2, n_req), np.int64)
+    left = np.zeros(n_req, bool)
+    codes = np.asarray([CODE[s] for s in ("client", "server", "sample", "tokenize", "queue")],
+                       np.int64)
+    # One layout and dtype per argument, so the kernel is compiled for one signature (a
+    # no-op for what assemble gives it); it writes parent and depth in place.
+    inputs = [np.ascontiguousarray(v, dtype) for v, dtype in (
+        (spans.counts, np.int64), (spans.offsets, np.int64), (spans.sid_hi, np.uint64),
+        (spans.sid_lo, np.uint64), (has_sid, bool), (psid[0], np.uint64),
+        (psid[1], np.uint64), (psid[2], np.int32), (has_parent, bool), (trace, np.int32),
+        (spans.stage, np.int8), (spans.client, bool), (spans.start_ns, np.int64),
+        (spans.end_ns, np.int64), (request_level, bool), (codes, np.int64))]
+    assert spans.parent.dtype == np.int32 and spans.depth.dtype == np.int16
+    resolve_requests(*inputs, spans.parent, spans.depth, roots, ends, tallies, left)
+    out["client_root"], out["server_root"] = roots
+    for name, row in zip(("client_start", "client_end", "server_start", "server_end",
+                          "tokenize_start", "queue_start", "sample_end"), ends, strict=True):
+        out[name] = row
+    out["orphans"], out["outside"] = tallies
+    return left
 
 
 def _earliest(
