@@ -19,7 +19,7 @@ ELEMENT_BUDGET = 4_000_000
 class Positions:
     """Where one block's spans lie in the flat span arrays: ``index[i, j]`` is the flat
     index of the ``j``-th span of the block's ``i``-th request. When the block's spans are
-    one contiguous run (assembly lays requests out by span count), `take` returns a
+    one contiguous run (requests of one span count lying one after another), `take` returns a
     read-only view of it instead of a gathered copy, and `put` writes a slice."""
 
     def __init__(self, offsets: np.ndarray, k: int):

@@ -275,13 +275,13 @@ def _trees(step: _Assembling, span_rows: np.ndarray, chunk_rows: np.ndarray,
     row_req, trace, start, end, shift = step.g.row_req, d.trace, step.start, step.end, step.shift
     rows = np.concatenate([span_rows, gpu_rows])
     req = np.concatenate([row_req[span_rows], row_req[chunk_rows]])
-    # Requests laid out by span count, then request: each block of equal counts
-    # (_request_blocks) is then one contiguous run, read as a view instead of gathered.
+    # Requests laid out in order, each request's spans in row order, then its gpu copies:
+    # rows of a table that holds its traces together (every writer's) are then read about
+    # in order, and the compiled kernels walk memory once; the blocks of equal counts
+    # (_request_blocks) gather their requests' spans (docs/architecture.md, "Memory is
+    # time").
     counts = np.bincount(req, minlength=n_req)
-    by_count = np.argsort(counts, kind="stable")
-    place = np.empty(n_req, np.int64)
-    place[by_count] = np.arange(n_req)
-    order = col.group_order(place[req], n_req)
+    order = col.group_order(req, n_req)
     rows, req = rows[order], req[order]
     n_plain = len(span_rows)
     # A gpu row whose engine trace shows no host clock moves, in its copies, with the chunk
@@ -305,8 +305,7 @@ def _trees(step: _Assembling, span_rows: np.ndarray, chunk_rows: np.ndarray,
     p_lo = np.concatenate([p_lo, s_lo[chunk_at]])[order]
     has_parent = np.concatenate([p_has, np.ones(len(chunk_at), bool)])[order]
     del s_hi, s_lo, s_has, p_has, g_hi, g_lo, g_has, chunk_at  # held to the end otherwise
-    offsets = np.empty(n_req, np.int64)
-    offsets[by_count] = np.concatenate([[0], np.cumsum(counts[by_count])[:-1]])
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     spans = Spans(
         req=req,
         start_ns=start[rows] if move is None else start[rows] + move,
