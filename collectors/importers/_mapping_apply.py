@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ttft.collectors.importers._mapping_events import add_intervals
 from ttft.collectors.importers._mapping_ids import (
@@ -55,6 +57,18 @@ def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
     return np.concatenate(out), distinct.dictionary.to_pylist()
 
 
+def _distinct(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """A column's distinct non-null values (a dictionary column's: every chunk's
+    dictionary, some maybe unused), found without coding each row (`_codes`): 0.02
+    against 0.1-0.3 s at 2.4M rows."""
+    if pa.types.is_dictionary(column.type):
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        if not chunks:
+            return []
+        return pc.unique(pa.concat_arrays([c.dictionary for c in chunks])).drop_null().to_pylist()
+    return pc.unique(column).drop_null().to_pylist()
+
+
 def _dense_unique(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(key, return_inverse=True)`` for keys in ``[0, size)``: by a presence
     table where ``size`` is small against the keys (an argsort of 24M keys took 4.5 s)."""
@@ -83,12 +97,20 @@ class Apply:
         self._attrs: dict[int, dict[str, Any]] = {}
         self._trace: np.ndarray | None = None
         self.derived: list[dict[str, Any]] = []
-        self.start = np.asarray(table.column("start_ns").to_numpy(), np.int64)
-        self.end = np.asarray(table.column("end_ns").to_numpy(), np.int64)
         # Set by `assign` when some rule fits the table: name codes, their values, the
         # point-event rows (stage event, no duration).
         self._names: tuple[np.ndarray, list[Any]] | None = None
         self._event_points: np.ndarray | None = None
+
+    @cached_property
+    def start(self) -> np.ndarray:
+        """Every row's start (read where a rule acts: a copy of a table of many chunks)."""
+        return np.asarray(self.table.column("start_ns").to_numpy(), np.int64)
+
+    @cached_property
+    def end(self) -> np.ndarray:
+        """Every row's end (as `start`)."""
+        return np.asarray(self.table.column("end_ns").to_numpy(), np.int64)
 
     def attributes(self, row: int) -> dict[str, Any]:
         if row not in self._attrs:
@@ -102,7 +124,7 @@ class Apply:
 
     def run(self) -> pa.Table:
         table = self.table
-        if table.num_rows == 0:
+        if self.inert():  # a ttft trace, say: no rule to run, so no row to code
             return table
         stage, stage_values = _codes(table.column("stage"))
         assigned = self.assign(stage, stage_values)
@@ -143,9 +165,8 @@ class Apply:
         from rows it fits) and no row carries a request id to fill."""
         if self.table.num_rows == 0:
             return True
-        _, name_values = _codes(self.table.column("name"))
-        _, service_values = _codes(self.table.column("service"))
-        services, names = [*service_values, ""], [*name_values, ""]
+        names = [*_distinct(self.table.column("name")), ""]  # "": a null's, as `assign` says
+        services = [*_distinct(self.table.column("service")), ""]
         name_set = frozenset(names)
         if any(rule.fits_any(services, names, name_set) for rule in self.rules):
             return False
