@@ -11,8 +11,6 @@ from numba import njit
 
 from ttft.analysis._kernels import _slot
 
-_NONE_NS = np.iinfo(np.int64).min
-
 
 @njit(cache=True, nogil=True)
 def _earlier(j, best, start, end, hi, lo, trace) -> int:
@@ -175,9 +173,11 @@ def resolve_requests(counts, offsets, hi, lo, has, phi, plo, ptr, has_parent, tr
                 ends[2 * m, r], ends[2 * m + 1, r] = start[first[m]], end[first[m]]
         if first[2] >= 0:
             ends[6, r] = end[first[2]]
-        for m in range(2):
+        for m in range(2):  # the earliest tokenize, queue start
+            found, earliest = False, 0
             for j in range(o, o + k):
-                if stage[j] == codes[3 + m] and (ends[4 + m, r] == _NONE_NS
-                                                 or start[j] < ends[4 + m, r]):
-                    ends[4 + m, r] = start[j]
+                if stage[j] == codes[3 + m] and (not found or start[j] < earliest):
+                    found, earliest = True, start[j]
+            if found:
+                ends[4 + m, r] = earliest
         tallies[1, r] = _outside(o, k, stage, client, start, end, request_level, first)

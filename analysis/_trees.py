@@ -169,6 +169,9 @@ def _compiled(spans: Spans, has_sid: np.ndarray, psid: tuple[np.ndarray, ...],
     from ttft.analysis._tree_kernels import resolve_requests  # numba: large tables
 
     n_req = len(spans.counts)
+    if any(len(t) and t.dtype != np.int32 and (t.max() >= 2**31 or t.min() < -2**31)
+           for t in (trace, psid[2])):  # codes the kernel's int32 would not hold
+        return np.ones(n_req, bool)
     roots = np.full((2, n_req), -1, np.int64)
     ends = np.full((7, n_req), NONE_NS, np.int64)
     tallies = np.zeros((2, n_req), np.int64)

@@ -305,7 +305,8 @@ def _trees(step: _Assembling, span_rows: np.ndarray, chunk_rows: np.ndarray,
     p_lo = np.concatenate([p_lo, s_lo[chunk_at]])[order]
     has_parent = np.concatenate([p_has, np.ones(len(chunk_at), bool)])[order]
     del s_hi, s_lo, s_has, p_has, g_hi, g_lo, g_has, chunk_at  # held to the end otherwise
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    offsets = np.zeros(n_req, np.int64)
+    offsets[1:] = np.cumsum(counts)[:-1]
     spans = Spans(
         req=req,
         start_ns=start[rows] if move is None else start[rows] + move,

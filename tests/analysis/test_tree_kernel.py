@@ -120,3 +120,45 @@ def test_the_kernel_leaves_repeated_ids_and_trace_ties_to_the_blocks():
     assert depth[:3].tolist() == [0, 1, 2]
     assert roots[0, 0] == 0 and ends[0, 0] == 0 and ends[1, 0] == 100
     assert tallies[:, 0].tolist() == [0, 0]
+
+
+
+def _earliest_starts(start: np.ndarray) -> tuple[int, int]:
+    """The kernel's earliest tokenize and queue starts of one request of two tokenize
+    spans then two queue spans starting at ``start``."""
+    from ttft.analysis._tree_kernels import resolve_requests
+
+    n = len(start)
+    stage = np.asarray([CODE["tokenize"]] * 2 + [CODE["queue"]] * 2, np.int8)
+    words, none, codes = np.arange(n, dtype=np.uint64), np.zeros(n, np.uint64), np.zeros(n,
+                                                                                      np.int32)
+    ends = np.full((7, 1), trees.NONE_NS, np.int64)
+    order = ("client", "server", "sample", "tokenize", "queue")
+    resolve_requests(np.asarray([n]), np.asarray([0]), words, none, np.ones(n, bool), none,
+                     none, codes, np.zeros(n, bool), codes, stage, np.ones(n, bool), start,
+                     start + 10, np.ones(trees.N_STAGES + 1, bool),
+                     np.asarray([CODE[s] for s in order]), np.full(n, -1, np.int32),
+                     np.zeros(n, np.int16), np.full((2, 1), -1, np.int64), ends,
+                     np.zeros((2, 1), np.int64), np.zeros(1, bool))
+    return int(ends[4, 0]), int(ends[5, 0])
+
+
+def test_an_earliest_start_of_the_int64_minimum_is_kept():
+    """The kernel's earliest tokenize and queue starts are true minima: a start equal to
+    ``NONE_NS`` (what marks "none" in the outputs) is not taken for "none yet"."""
+    low = int(trees.NONE_NS)
+    assert _earliest_starts(np.asarray([low, 5, low, 7])) == (low, low)
+    assert _earliest_starts(np.asarray([9, 3, 8, 2])) == (3, 2)
+
+
+def test_trace_codes_beyond_int32_are_left_to_the_blocks():
+    """Trace codes the kernel's int32 cannot hold (never what assemble gives it): every
+    request goes the block path, so the answer is still the blocks'."""
+    spans, has, (phi, plo, ptr), has_parent, n_req = _spans(7, 20, 12, 5, 4, False)
+    spans.trace = spans.trace + 2**33
+    args = (has, (phi, plo, ptr + 2**33), has_parent, n_req)
+    blocks, by_blocks = _resolved(10**18, spans, *args)
+    compiled, by_kernel = _resolved(1, spans, *args)
+    np.testing.assert_array_equal(compiled.parent, blocks.parent)
+    for name, values in by_blocks.items():
+        np.testing.assert_array_equal(by_kernel[name], values, err_msg=name)
