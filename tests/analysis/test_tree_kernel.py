@@ -151,14 +151,20 @@ def test_an_earliest_start_of_the_int64_minimum_is_kept():
     assert _earliest_starts(np.asarray([9, 3, 8, 2])) == (3, 2)
 
 
-def test_trace_codes_beyond_int32_are_left_to_the_blocks():
-    """Trace codes the kernel's int32 cannot hold (never what assemble gives it): every
-    request goes the block path, so the answer is still the blocks'."""
+
+def test_trace_codes_of_another_width_give_the_same_trees():
+    """int64 trace codes (the kernel reads int32) give the blocks' answer; codes beyond
+    int32's range (more traces than any table holds) leave every request to the blocks
+    rather than wrap."""
     spans, has, (phi, plo, ptr), has_parent, n_req = _spans(7, 20, 12, 5, 4, False)
-    spans.trace = spans.trace + 2**33
-    args = (has, (phi, plo, ptr + 2**33), has_parent, n_req)
+    spans.trace = spans.trace.astype(np.int64)
+    args = (has, (phi, plo, ptr.astype(np.int64)), has_parent, n_req)
     blocks, by_blocks = _resolved(10**18, spans, *args)
     compiled, by_kernel = _resolved(1, spans, *args)
     np.testing.assert_array_equal(compiled.parent, blocks.parent)
     for name, values in by_blocks.items():
         np.testing.assert_array_equal(by_kernel[name], values, err_msg=name)
+    wide = spans.trace + 2**33
+    left = trees._compiled(spans, has, (phi, plo, wide), has_parent, wide,
+                           np.ones(trees.N_STAGES + 1, bool), {})
+    assert left.all() and len(left) == n_req
