@@ -273,20 +273,17 @@ def _plain_tasks(path: str, pieces: list[int]) -> float:
     return time.perf_counter() - started
 
 
-def _first_task_dropped(path: str, piece: int) -> None:
-    """A worker's first task of ``piece`` whose result stays on the worker (dropped)."""
-    from ttft.collectors import TraceLocation
-    from ttft.reports.runs.analyses import _first_task
-
-    _first_task(TraceLocation(path), piece, None, "exclusive")
-
-
 def _first_task_returned(path: str, piece: int) -> Any:
     """A worker's first task of ``piece``, its result (the part) sent to the driver."""
     from ttft.collectors import TraceLocation
     from ttft.reports.runs.analyses import _first_task
 
     return _first_task(TraceLocation(path), piece, None, "exclusive")
+
+
+def _first_task_dropped(path: str, piece: int) -> None:
+    """`_first_task_returned`, its result dropped on the worker."""
+    _first_task_returned(path, piece)
 
 
 def measure_dask_ceiling(path: Path, clients: dict[int, Any], rounds: int

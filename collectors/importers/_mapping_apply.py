@@ -165,27 +165,30 @@ class Apply:
         from rows it fits) and no row carries a request id to fill."""
         if self.table.num_rows == 0:
             return True
-        names = [*_distinct(self.table.column("name")), ""]  # "": a null's, as `assign` says
-        services = [*_distinct(self.table.column("service")), ""]
-        name_set = frozenset(names)
-        if any(rule.fits_any(services, names, name_set) for rule in self.rules):
+        if self._some_rule_fits:
             return False
         return not mentions(self.table.column("attributes"),
                             f'"{REQUEST_ID_ATTRIBUTE}"'.encode())
+
+    @cached_property
+    def _some_rule_fits(self) -> bool:
+        """Whether some rule fits a (service, name) of the table, from its distinct values
+        alone (`_distinct`; a null reads as ``""``, as in `assign`)."""
+        names = [*_distinct(self.table.column("name")), ""]
+        services = [*_distinct(self.table.column("service")), ""]
+        name_set = frozenset(names)
+        return any(rule.fits_any(services, names, name_set) for rule in self.rules)
 
     def assign(self, stage: np.ndarray, stage_values: list[str]) -> np.ndarray:
         """Rule index per row (-1: no rule), first matching rule wins."""
         n = self.table.num_rows
         assigned = np.full(n, -1, np.int64)
-        if not self.rules:
-            return assigned
+        if not self._some_rule_fits:
+            return assigned  # no rule fits any row (a ttft trace): no per-row work
         name, name_values = _codes(self.table.column("name"))
         service, service_values = _codes(self.table.column("service"))
         # One pattern check per distinct (service, name); code -1 (null) reads as "".
         services, names = [*service_values, ""], [*name_values, ""]
-        name_set = frozenset(names)
-        if not any(rule.fits_any(services, names, name_set) for rule in self.rules):
-            return assigned  # no rule fits any row (a ttft trace): no per-row work
         code_of = {v: i for i, v in enumerate(stage_values)}
         is_other = stage == code_of.get("other", -2)
         is_event = stage == code_of.get("event", -2)
