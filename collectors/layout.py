@@ -240,3 +240,17 @@ def refreshed(run: Run) -> Run:
     if run.path.name.endswith(PARTS_SUFFIX) and finished.is_file():
         return Run(finished, True, [finished])
     return unfinished_run(run.path)
+
+
+def stored_spans(path: str | os.PathLike[str]) -> int | None:
+    """The spans the finished Parquet runs at ``path`` hold, from their footers alone (no
+    row is read), or None when that is not known in advance: a run still being written,
+    a file in another format, nothing readable there. A hint for sizing work before the
+    read (`ttft.analysis.kernel_warmup`), never a count the analysis relies on."""
+    try:
+        runs = trace_runs(path)
+        if not all(run.finished for run in runs):
+            return None
+        return sum(pq.ParquetFile(run.parts[0]).metadata.num_rows for run in runs)
+    except (TraceFileError, OSError, pa.ArrowException):
+        return None

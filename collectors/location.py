@@ -39,7 +39,7 @@ from ttft.collectors.dataset import (
     is_url,
     looks_like_dataset,
 )
-from ttft.collectors.layout import log_files, parts_dir
+from ttft.collectors.layout import log_files, parts_dir, stored_spans
 from ttft.collectors.staging import staging_path
 
 if TYPE_CHECKING:
@@ -112,6 +112,14 @@ class TraceLocation:
             return self.table
         return read_spans(self.path, format=self.format, mapping=self.mapping,
                           partition=partition)
+
+    def stored_spans(self) -> int | None:
+        """The spans a trace file or directory of runs holds, from its Parquet footers
+        (`ttft.collectors.layout.stored_spans`); None for another kind or format, or a run
+        being written."""
+        if self.kind not in ("file", "run", "runs") or self.format not in (None, "ttft"):
+            return None
+        return stored_spans(self.path)
 
     # --- appending ---------------------------------------------------------------------
 

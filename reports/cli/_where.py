@@ -59,6 +59,10 @@ def analysed(traces: Sequence[Path], *, format: str | None, mapping: Path | None
     named = None if mapping is None else str(mapping)
     try:
         if workers is None and scheduler is None:
+            from ttft.analysis.kernel_warmup import warm_kernels
+
+            stored = [TraceLocation(str(trace), format, named).stored_spans() for trace in traces]
+            warm_kernels(max((n or 0 for n in stored), default=0))  # while the reads run
             locations = []
             for trace in traces:
                 table, _ = load_trace(trace, format=format, mapping=mapping)

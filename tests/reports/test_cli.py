@@ -238,12 +238,14 @@ def test_analyze_reads_a_directory_of_parts(trace, tmp_path):
 
 
 def test_analyze_never_imports_torch(trace):
+    """Nor numba, for a trace this small: no kernel runs, and none is warmed up."""
     code = (
         "import sys\n"
         "from ttft.reports.cli import main\n"
         f"sys.argv = ['ttft', 'analyze', {str(trace)!r}, '--json']\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'numba' not in sys.modules, 'numba was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
