@@ -102,7 +102,7 @@ def _launches(table: pa.Table, gpus: np.ndarray, trace: np.ndarray, start: np.nd
     named = engine[sp]  # the engine spans that have an id
     keys = (trace[named], sh[sp], sl[sp])
     wanted = (trace[gpus[pp]], ph[pp], pl[pp])
-    first = (_first_hashed if len(engine) >= col.KERNEL_ROWS else first_merged)(keys, wanted)
+    first = (_first_hashed if col.compiled(len(engine)) else first_merged)(keys, wanted)
     found = first >= 0
     g, parent = np.flatnonzero(pp)[found], named[first[found]]
     ok = start[parent] <= launch[g]

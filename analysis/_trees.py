@@ -105,7 +105,7 @@ def resolve_trees(
     request_level = np.zeros(N_STAGES + 1, bool)
     request_level[[CODE[s] for s in REQUEST_STAGES]] = True
     counts = spans.counts
-    if len(spans.req) >= col.KERNEL_ROWS:  # compiled, but for the requests it leaves to blocks
+    if col.compiled(len(spans.req)):  # compiled, but for the requests it leaves to blocks
         counts = np.where(_compiled(spans, has_sid, psid, has_parent, trace, request_level,
                                     out), counts, 0)
     for ids, pos in iter_blocks(counts, spans.offsets):

@@ -153,7 +153,7 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     every = 8 * int((~has).sum()) <= n_req
     counts = sp.counts if every else np.where(has, sp.counts, 0)
     a_in, b_in = (np.where(has, a, 0), np.where(has, b, 0)) if every else (a, b)
-    if policy == "exclusive" and len(sp.req) >= col.KERNEL_ROWS:
+    if policy == "exclusive" and col.compiled(len(sp.req)):
         # Compiled, one request at a time; the blocks take only the requests it leaves.
         slow = _swept(sp, has, a, b, root, boundary, cut_lo, cut_hi, has_cut, out)
         counts, a_in, b_in = np.where(slow, sp.counts, 0), a, b

@@ -294,6 +294,8 @@ def test_vectorized_equals_sweep(compiled, seed, n_requests, hex_ids):
     with pytest.MonkeyPatch.context() as patch:
         if compiled:
             patch.setattr(_column_arrays, "KERNEL_ROWS", 1)
+        else:  # the blocks, numba loaded or not
+            patch.setattr(_column_arrays, "LOADED_KERNEL_ROWS", 2**62)
         _vectorized_equals_sweep(seed, n_requests, hex_ids)
 
 

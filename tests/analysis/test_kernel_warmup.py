@@ -80,3 +80,14 @@ def test_stored_spans_are_read_from_the_footers_of_finished_runs(tmp_path):
     other.write_text('{"resourceSpans": []}')
     assert stored_spans(other) is None
     assert stored_spans(tmp_path / "missing.parquet") is None
+
+
+def test_kernels_take_smaller_steps_once_numba_is_loaded(monkeypatch):
+    from ttft.analysis import _column_arrays as col
+
+    monkeypatch.delitem(sys.modules, "numba", raising=False)
+    assert [col.compiled(n) for n in (0, col.LOADED_KERNEL_ROWS, col.KERNEL_ROWS - 1,
+                                      col.KERNEL_ROWS)] == [False, False, False, True]
+    monkeypatch.setitem(sys.modules, "numba", sys)  # loaded: what is there is not looked at
+    assert [col.compiled(n) for n in (0, col.LOADED_KERNEL_ROWS - 1, col.LOADED_KERNEL_ROWS,
+                                      col.KERNEL_ROWS)] == [False, False, True, True]

@@ -22,10 +22,12 @@ from ttft.tracer.schema import BOUNDARY_NAMES
 
 
 def _both(texts, rows, key, monkeypatch) -> tuple[list[int], list[int]]:
-    """``int_attribute`` by the expressions (below `KERNEL_ROWS`) and by the scan (the
-    threshold lowered to 1)."""
+    """``int_attribute`` by the expressions (below `KERNEL_ROWS`, and numba's being loaded
+    not counted) and by the scan (the threshold lowered to 1)."""
     arr = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string())
-    by_regex = int_attribute(arr, rows, key).tolist()
+    with monkeypatch.context() as m:
+        m.setattr(_column_arrays, "LOADED_KERNEL_ROWS", 2**62)
+        by_regex = int_attribute(arr, rows, key).tolist()
     with monkeypatch.context() as m:
         m.setattr(_column_arrays, "KERNEL_ROWS", 1)
         by_scan = int_attribute(arr, rows, key).tolist()
@@ -85,8 +87,10 @@ def test_exclusive_sweep_equals_the_blocks(boundary):
     several chunks per request) and on the requests it leaves to the blocks."""
     synthetic = generate(400, seed=3).table
     for tbl in (synthetic, pa.concat_tables([synthetic, table(_long_and_tied_requests())])):
-        asm = assemble(tbl)
-        want = attribute(asm, boundary, "exclusive")
+        with pytest.MonkeyPatch.context() as patch:  # blocks, numba loaded or not
+            patch.setattr(_column_arrays, "LOADED_KERNEL_ROWS", 2**62)
+            asm = assemble(tbl)
+            want = attribute(asm, boundary, "exclusive")
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(_column_arrays, "KERNEL_ROWS", 1)
             got = attribute(asm, boundary, "exclusive")

@@ -63,6 +63,7 @@ def _resolved(kernel_rows: int, spans: Spans, *args) -> tuple:
                      "depth": spans.depth.copy(), "keep": spans.keep.copy()})
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_column_arrays, "KERNEL_ROWS", kernel_rows)
+        patch.setattr(_column_arrays, "LOADED_KERNEL_ROWS", kernel_rows)
         out = trees.resolve_trees(spans, *args[:3], args[3], spans.trace, spans.trace_values)
     return spans, out
 
