@@ -105,14 +105,16 @@ def _completion_tokens(asm: Assembly, requests: np.ndarray) -> np.ndarray:
 def _first_reasoning(asm: Assembly, chosen: np.ndarray) -> np.ndarray:
     """Per request, the earliest client ``first_reasoning`` event (NONE_NS if none)."""
     rows = asm.rows
-    events = rows.of("event", requests_only=True)
     out = np.full(len(asm.requests), np.iinfo(np.int64).max, np.int64)
+    # The rows so named first, by one comparison over the whole column (taking every
+    # event's name to compare took 1.9 s at 23.8M spans; most traces name none), then
+    # those of them that are valid request events on the client's clock.
+    named = np.flatnonzero(np.asarray(pc.fill_null(pc.equal(
+        rows.table.column("name"), EV_FIRST_REASONING), False).to_numpy(zero_copy_only=False),
+        dtype=bool))
+    events = named[rows.valid[named] & rows.has_stage(named, "event") & (rows.req[named] >= 0)]
     if len(events):
-        names = rows.table.column("name").take(events)
-        hit = np.asarray(pc.fill_null(pc.equal(names, EV_FIRST_REASONING), False)
-                         .to_numpy(zero_copy_only=False), dtype=bool)
-        hit &= rows.clock_names(events) == "client"
-        events = events[hit]
+        events = events[rows.clock_names(events) == "client"]
         events = events[chosen[rows.req[events]]]
         np.minimum.at(out, rows.req[events], rows.start_ns[events])
     return np.where(out == np.iinfo(np.int64).max, NONE_NS, out)
