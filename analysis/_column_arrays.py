@@ -176,12 +176,17 @@ def _run_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str], pa.Array] |
     written together): equal neighbours are found by Arrow's string comparison, and only
     the first value of each run is hashed. Codes and values are those of hashing every
     row (values in order of first appearance), with the run heads (an Arrow array holding
-    every value). None when runs are not a quarter of the rows or fewer (a null is a run
-    of its own): hashing everything is then cheaper."""
+    every value). Neighbouring nulls are one run (request ids: a trace's client rows have
+    none). None when runs are not a quarter of the rows or fewer: hashing everything is
+    then cheaper."""
     n = len(col)
     if n < 2:
         return None
-    same = pc.fill_null(pc.equal(col.slice(1), col.slice(0, n - 1)), False)
+    after, before = col.slice(1), col.slice(0, n - 1)
+    same = pc.equal(after, before)
+    if col.null_count:
+        same = pc.or_kleene(same, pc.and_(pc.is_null(after), pc.is_null(before)))
+    same = pc.fill_null(same, False)
     head = np.ones(n, bool)
     head[1:] = ~np.asarray(same.to_numpy(zero_copy_only=False), dtype=bool)
     heads = np.flatnonzero(head)

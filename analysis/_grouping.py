@@ -127,7 +127,7 @@ def trace_request_ids(table: pa.Table, d: Decoded, among: np.ndarray | None = No
     and the request ids' values; with ``among`` (per trace code), only those traces'.
     A trace holding several request ids joins by the smallest; a request of several
     traces is named by the smallest trace id: never by row order."""
-    rid, rid_values = col.blank_as_null(col.codes(table.column("request_id")))
+    rid, rid_values = col.blank_as_null(col.codes(table.column("request_id"), runs=True))
     with_rid = d.valid & (rid >= 0)
     if among is not None:
         with_rid &= among[np.maximum(d.trace, 0)]
