@@ -12,6 +12,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ttft.analysis._binary_ids import FOLD, binary_codes
+
 try:  # O(n + groups) counting sort; ten times faster than a comparison sort here.
     from pandas._libs.algos import groupsort_indexer as _groupsort_indexer
 except ImportError:  # pragma: no cover - depends on the pandas build
@@ -136,7 +138,12 @@ def blank_as_null(found: tuple[np.ndarray, list[str]]) -> tuple[np.ndarray, list
 
 def trace_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     """`codes` of a ``trace_id`` column as every step groups it: by runs, an empty id as
-    null (`blank_as_null`), hex ids without case (`fold_hex_case`)."""
+    null (`blank_as_null`), hex ids without case (`fold_hex_case`). Ids as bytes (schema
+    version 2) give the codes and values (lowercase hex text) their text would
+    (``_binary_ids.binary_codes``)."""
+    if pa.types.is_fixed_size_binary(column.type):
+        return binary_codes(column if isinstance(column, pa.ChunkedArray)
+                            else pa.chunked_array([column]))
     found, values, source = _codes_from(column, True)
     return fold_hex_case(blank_as_null((found, values)), source)
 
@@ -204,10 +211,7 @@ def _run_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str], pa.Array] |
     return np.repeat(per_run, np.diff(np.append(heads, n))), values, firsts
 
 
-_FOLD = tuple(np.uint64(m) for m in (
-    0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5,
-))
-"""Odd multipliers folding a fixed-width string's 8-byte words into one (wrapping)."""
+
 
 
 def _fixed_width_codes(texts: pa.Array) -> tuple[np.ndarray, list[str]] | None:
@@ -230,7 +234,7 @@ def _fixed_width_codes(texts: pa.Array) -> tuple[np.ndarray, list[str]] | None:
     folded = np.zeros(n, np.uint64)
     with np.errstate(over="ignore"):
         for j in range(words.shape[1]):
-            folded ^= words[:, j] * _FOLD[j]
+            folded ^= words[:, j] * FOLD[j]
     found, distinct = pd.factorize(folded)
     first = np.empty(len(distinct), np.int64)
     first[found[::-1]] = np.arange(n - 1, -1, -1)  # the first row of each code

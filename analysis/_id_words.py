@@ -4,11 +4,14 @@ else ranked among all the picked strings together."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.analysis._column_arrays import by_chunk, one_array
+from ttft.tracer.span_ids import SPAN_BYTES, hex_text, hex_words
 
 
 def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -34,6 +37,12 @@ def id_words(*picks: tuple[pa.ChunkedArray | pa.Array, np.ndarray | None]) -> li
     """
     chunked = [col if isinstance(col, pa.ChunkedArray) else pa.chunked_array([col])
                for col, _ in picks]
+    binary = [pa.types.is_fixed_size_binary(col.type) for col in chunked]
+    if all(binary):  # ids as bytes (schema version 2): the words of their hex text
+        return [_binary_words(col, rows) for col, (_, rows) in zip(chunked, picks, strict=True)]
+    if any(binary):  # one table holds one layout; mixed picks are read as text
+        chunked = [pa.chunked_array([hex_text(c) for c in col.chunks], pa.string()) if b
+                   else col for col, b in zip(chunked, binary, strict=True)]
     fixed: dict[int, list | None] = {}
     for col in chunked:
         if id(col) not in fixed:
@@ -129,10 +138,54 @@ def _fixed_ids(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
     return raw.view(">u8").reshape(-1, 2), place
 
 
+def _binary_words(col: pa.ChunkedArray, rows: np.ndarray | None) -> Words:
+    """`id_words` of 8-byte ids at ``rows``: the bytes gathered at the rows first, then
+    turned into the words of their lowercase hex text (``tracer.span_ids.hex_words``), the
+    words a version-1 column of the same ids gives, so both layouts give one answer. A
+    null names no span."""
+    if col.type.byte_width != SPAN_BYTES:  # not span ids: ranked as their text is
+        return id_words((pa.chunked_array([hex_text(c) for c in col.chunks], pa.string()),
+                         rows))[0]
+
+    def read(i: int, local: np.ndarray) -> Words:
+        chunk, k = col.chunks[i], len(local)
+        high, low = np.zeros(k, np.uint64), np.zeros(k, np.uint64)
+        ok = (np.ones(k, bool) if not chunk.null_count else
+              np.asarray(chunk.is_valid().to_numpy(zero_copy_only=False), bool)[local])
+        if ok.any():
+            raw = np.frombuffer(chunk.buffers()[1], np.uint8)[
+                chunk.offset * SPAN_BYTES : (chunk.offset + len(chunk)) * SPAN_BYTES]
+            words = hex_words(raw.reshape(-1, SPAN_BYTES)[local[ok]])
+            high[ok], low[ok] = words[:, 0], words[:, 1]
+        return high, low, ok
+
+    return _chunk_words([len(c) for c in col.chunks], rows, read)
+
+
 def _gather_words(fixed: list[tuple[np.ndarray, np.ndarray | None]], lengths: list[int],
                   rows: np.ndarray | None) -> Words:
-    """`id_words` of one column from its chunks' `_fixed_ids`: rows sorted once (when they
-    are not), split at the chunk bounds, and read chunk by chunk."""
+    """`id_words` of one column from its chunks' `_fixed_ids`, chunk by chunk."""
+
+    def read(i: int, local: np.ndarray) -> Words:
+        words, place = fixed[i]
+        if place is None:
+            picked = words[local]
+            return picked[:, 0], picked[:, 1], np.ones(len(local), bool)
+        at = place[local]
+        ok = at >= 0
+        if not len(words):
+            return np.zeros(len(local), np.uint64), np.zeros(len(local), np.uint64), ok
+        picked = words[at]
+        return np.where(ok, picked[:, 0], 0), np.where(ok, picked[:, 1], 0), ok
+
+    return _chunk_words(lengths, rows, read)
+
+
+def _chunk_words(lengths: list[int], rows: np.ndarray | None,
+                 read: Callable[[int, np.ndarray], Words]) -> Words:
+    """Words at ``rows`` (in any order; None for all) of a column whose chunks have
+    ``lengths``: the rows sorted once (when they are not), split at the chunk bounds, each
+    chunk's share read by ``read(chunk index, rows within it)``, then put back in order."""
     if rows is None:
         rows = np.arange(sum(lengths))
     rows = np.asarray(rows, dtype=np.int64)
@@ -144,20 +197,10 @@ def _gather_words(fixed: list[tuple[np.ndarray, np.ndarray | None]], lengths: li
     low = np.zeros(len(rows), np.uint64)
     present = np.zeros(len(rows), bool)
     for i, a, b, local in by_chunk(lengths, rows):
-        words, place = fixed[i]
-        if place is None:
-            picked = words[local]
-            high[a:b], low[a:b], present[a:b] = picked[:, 0], picked[:, 1], True
-            continue
-        at = place[local]
-        ok = at >= 0
-        present[a:b] = ok
-        if len(words):
-            picked = words[at]
-            high[a:b] = np.where(ok, picked[:, 0], 0)
-            low[a:b] = np.where(ok, picked[:, 1], 0)
+        high[a:b], low[a:b], present[a:b] = read(i, local)
     if perm is None:
         return high, low, present
     back = np.empty_like(perm)
     back[perm] = np.arange(len(perm))
     return high[back], low[back], present[back]
+

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from ttft.analysis import _column_arrays as col
 from ttft.analysis import clocks
+from ttft.analysis._binary_ids import id_texts
 from ttft.analysis._clock_kinds import clock_kinds
 from ttft.analysis._conditions import conditions, max_cached
 from ttft.analysis._grouping import Decoded, Grouping, decode, group
@@ -149,8 +150,8 @@ def _row_names(table: pa.Table, rows: np.ndarray) -> list[str]:
     position (``row N``), so the examples do not depend on row order where avoidable."""
     if len(rows) == 0:
         return []
-    span = col.take(table.column("span_id"), rows).to_pylist()
-    trace = col.take(table.column("trace_id"), rows).to_pylist()
+    span, trace = (id_texts(col.take(table.column(name), rows))
+                   for name in ("span_id", "trace_id"))
     return [f"span {s}" if s else f"trace {t}" if t else f"row {i}"
             for s, t, i in zip(span, trace, rows.tolist(), strict=True)]
 

@@ -59,6 +59,7 @@ from ttft.tracer.schema import (
     SCHEMA_VERSION,
     run_metadata,
 )
+from ttft.tracer.span_ids import same_layout
 
 __all__ = ["Part", "PartHeader", "ReportInputs", "StackedAttribution", "Survey",
            "analyze_part", "assemble_table", "attribute_part",
@@ -112,7 +113,7 @@ def global_steps(surveys: Sequence[Survey], offsets: Sequence[clocks.ClockOffset
     ``gpu:*`` clock follows the host clock of its own trace, else of its service, among
     the steps), and ``attributes`` holding only the step's id and token counts (as
     ``_column_arrays.int_attribute`` reads them; -1 where absent), which keeps the table small."""
-    steps = pa.concat_tables([s.steps for s in surveys])
+    steps = pa.concat_tables(same_layout([s.steps for s in surveys]))
     clock, clock_values = col.codes(steps.column("clock"))
     shift = clocks.row_shift(clock, clock_values, offsets,
                              lambda: col.trace_codes(steps.column("trace_id"))[0],
@@ -141,7 +142,7 @@ def regime_inputs(surveys: Sequence[Survey], options: Mapping[str, Any]) -> Regi
     Raises:
         ValueError: the model config (given or the trace's) is not a model shape.
     """
-    info = pa.concat_tables([s.engine_info for s in surveys])
+    info = pa.concat_tables(same_layout([s.engine_info for s in surveys]))
     return regime_setup(info, surveys[0].metadata, **options)
 
 

@@ -3,9 +3,11 @@
     python benchmarks/attribution.py [--requests 1000000] [--sample 2000] [--seed 0]
 
 Generates a synthetic trace (``ttft.collectors.synthetic``), writes it to a temporary
-Parquet file, and in a fresh process reads it back and times ``assemble`` + ``attribute``
-for each policy, recording the peak resident memory above the loaded input table
-(VmHWM reset through /proc/self/clear_refs). The plain sweep does the same job one request
+Parquet file (schema version 2: ids as bytes), and in a fresh process reads it back as the
+analysis does and times ``assemble`` + ``attribute`` for each policy, recording the peak
+resident memory above the loaded input table (VmHWM reset through /proc/self/clear_refs);
+the exclusive policy once more on the same rows with their ids as text (version 1, what
+files written before version 2 hold), side by side. The plain sweep does the same job one request
 at a time in Python (group rows, join GPU spans by step id, build the tree, call
 ``ttft.analysis.reference.attribute_request``) on a sample of the same workload, and must give
 the same parts. Goals on a 2-core machine: exclusive ≥ 4,000,000 spans/s, shared and
@@ -29,6 +31,8 @@ from collections import defaultdict
 from pathlib import Path
 
 CHILD = "--child"
+TEXT_IDS = "exclusive, v1"
+"""The row of the exclusive policy on the ids as text (schema version 1)."""
 
 
 def _rss_kib(field: str) -> int:
@@ -48,13 +52,16 @@ def _settle() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def child(path: str, policy: str) -> None:
-    """Read the trace, then time and measure one policy; print one JSON line."""
+def child(path: str, policy: str, layout: str = "v2") -> None:
+    """Read the trace (ids as bytes, or with ``layout`` ``v1`` as text), then time and
+    measure one policy; print one JSON line."""
     from ttft.analysis.assemble import assemble
     from ttft.analysis.attribution import attribute
     from ttft.collectors import read_spans
 
-    table = read_spans(path)
+    read_started = time.perf_counter()
+    table = read_spans(path, native=layout == "v2")
+    read_s = time.perf_counter() - read_started
     _settle()
     base_kib = _rss_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
@@ -72,6 +79,7 @@ def child(path: str, policy: str) -> None:
             {
                 "rows": table.num_rows,
                 "input_bytes": table.nbytes,
+                "read_s": read_s,
                 "assemble_s": assembled - started,
                 "attribute_s": done - assembled,
                 "peak_above_input_bytes": (peak_kib - base_kib) * 1024,
@@ -177,15 +185,16 @@ def main() -> None:
             f"made in {time.perf_counter() - t0:.1f} s"
         )
         figures = {}
-        for policy in ("exclusive", "shared", "critical-path"):
+        runs = [(p, p, "v2") for p in ("exclusive", "shared", "critical-path")]
+        for name, policy, layout in [*runs, (TEXT_IDS, "exclusive", "v1")]:
             done = subprocess.run(
-                [sys.executable, __file__, CHILD, str(path), policy],
+                [sys.executable, __file__, CHILD, str(path), policy, layout],
                 capture_output=True,
                 text=True,
             )
             if done.returncode != 0:
-                sys.exit(f"measuring {policy} failed:\n{done.stderr}")
-            figures[policy] = json.loads(done.stdout.strip().splitlines()[-1])
+                sys.exit(f"measuring {name} failed:\n{done.stderr}")
+            figures[name] = json.loads(done.stdout.strip().splitlines()[-1])
 
     sample = generate(args.sample, seed=args.seed + 1)
     rows_sample = sample.table.to_pylist()
@@ -205,15 +214,16 @@ def main() -> None:
 
     print()
     print(
-        f"{'policy':<14}{'assemble s':>12}{'attribute s':>13}{'spans/s':>14}"
-        f"{'× sweep':>9}{'peak MB':>10}{'B/span':>8}{'user s':>8}{'sys s':>7}"
+        f"{'policy':<15}{'read s':>8}{'input MB':>10}{'assemble s':>12}{'attribute s':>13}"
+        f"{'spans/s':>12}{'× sweep':>9}{'peak MB':>9}{'B/span':>8}{'user s':>8}{'sys s':>7}"
     )
     for policy, f in figures.items():
         total = f["assemble_s"] + f["attribute_s"]
         rate = f["rows"] / total
         print(
-            f"{policy:<14}{f['assemble_s']:>12.2f}{f['attribute_s']:>13.2f}{rate:>14,.0f}"
-            f"{rate / sweep_rate:>9.1f}{f['peak_above_input_bytes'] / 2**20:>10,.0f}"
+            f"{policy:<15}{f['read_s']:>8.2f}{f['input_bytes'] / 2**20:>10,.0f}"
+            f"{f['assemble_s']:>12.2f}{f['attribute_s']:>13.2f}{rate:>12,.0f}"
+            f"{rate / sweep_rate:>9.1f}{f['peak_above_input_bytes'] / 2**20:>9,.0f}"
             f"{f['peak_above_input_bytes'] / f['rows']:>8.0f}{f['user_s']:>8.2f}{f['sys_s']:>7.2f}"
         )
     print(
@@ -221,7 +231,10 @@ def main() -> None:
         f"{sweep_rate:,.0f} spans/s; vectorized on the same sample: "
         f"{n_rows / vec_small_s:,.0f} spans/s; same parts: {same}"
     )
-    print(f"input table: {figures['exclusive']['input_bytes'] / 2**20:,.0f} MB in memory")
+    print(f"input table: {figures['exclusive']['input_bytes'] / 2**20:,.0f} MB in memory with "
+          f"the ids as bytes (schema version 2), "
+          f"{figures[TEXT_IDS]['input_bytes'] / 2**20:,.0f} MB as text (version 1: the "
+          f"'{TEXT_IDS}' row)")
     print("user s / sys s: the CPU time of assemble + attribute in the process and in the kernel; "
           "on a VM whose memory the host backs on first touch, sys (page faults) swings "
           "from run to run with how recently the pages were used (README, performance)")
@@ -229,6 +242,8 @@ def main() -> None:
           "≥ 30× the sweep, ≤ 120 B/span above the input")
     out = []
     for policy, f in figures.items():
+        if policy == TEXT_IDS:
+            continue
         rate = f["rows"] / (f["assemble_s"] + f["attribute_s"])
         per_span = f["peak_above_input_bytes"] / f["rows"]
         goal = 4e6 if policy == "exclusive" else 2e6
@@ -248,7 +263,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == CHILD:
-        child(sys.argv[2], sys.argv[3])
+    if len(sys.argv) in (4, 5) and sys.argv[1] == CHILD:
+        child(*sys.argv[2:])
     else:
         main()

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.collectors.rows import ttft_fields
-from ttft.tracer.schema import COLUMNS, SPAN_SCHEMA
+from ttft.tracer.schema import COLUMNS, SPAN_SCHEMA, SPAN_SCHEMA_V2
+from ttft.tracer.span_ids import is_v2
 
 __all__ = ["Fail", "conform", "location", "to_span_table", "ttft_fields", "value_error"]
 
@@ -32,18 +33,20 @@ def value_error(reason: str, row: int | None = None, field: str | None = None) -
 
 
 def conform(table: pa.Table, fail: Fail, *, extra_ok: bool, check_rows: bool = True) -> pa.Table:
-    """Cast ``table`` to exactly SPAN_SCHEMA (no metadata); with ``check_rows`` also reject
-    nulls in required columns and ``end_ns < start_ns`` (a writer does; a reader leaves
-    such rows to analysis, which counts them as data-quality defects and goes on)."""
+    """Cast ``table`` to exactly SPAN_SCHEMA, or SPAN_SCHEMA_V2 where its ids are bytes
+    (``tracer.span_ids.is_v2``), without metadata; with ``check_rows`` also reject nulls
+    in required columns and ``end_ns < start_ns`` (a writer does; a reader leaves such
+    rows to analysis, which counts them as data-quality defects and goes on)."""
     names = table.column_names
     extra = [n for n in names if n not in COLUMNS]
     if extra and not extra_ok:
         raise fail(f"unknown column(s): {', '.join(extra)}")
-    missing = [f.name for f in SPAN_SCHEMA if f.name not in names and not f.nullable]
+    schema = SPAN_SCHEMA_V2 if is_v2(table.schema) else SPAN_SCHEMA
+    missing = [f.name for f in schema if f.name not in names and not f.nullable]
     if missing:
         raise fail(f"missing required column(s): {', '.join(missing)}")
     arrays = []
-    for field in SPAN_SCHEMA:
+    for field in schema:
         if field.name not in names:
             arrays.append(pa.nulls(table.num_rows, field.type))
             continue
@@ -58,7 +61,7 @@ def conform(table: pa.Table, fail: Fail, *, extra_ok: bool, check_rows: bool = T
             row = pc.index(pc.is_null(column), True).as_py()
             raise fail("null in a required column", row=row, field=field.name)
         arrays.append(column)
-    table = pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
+    table = pa.Table.from_arrays(arrays, schema=schema)
     if not check_rows:
         return table
     backwards = pc.less(table.column("end_ns"), table.column("start_ns"))
@@ -70,7 +73,8 @@ def conform(table: pa.Table, fail: Fail, *, extra_ok: bool, check_rows: bool = T
 
 
 def to_span_table(data: pa.Table | pa.RecordBatch | Iterable[Mapping[str, Any]]) -> pa.Table:
-    """Convert spans to a table with exactly SPAN_SCHEMA.
+    """Convert spans to a table with exactly SPAN_SCHEMA (SPAN_SCHEMA_V2 for a table whose
+    ids are bytes already).
 
     Args:
         data: a table or record batch (columns are cast; dictionary columns may be plain

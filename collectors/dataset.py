@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 from ttft.collectors.errors import TraceFileError
 from ttft.collectors.parquet import read_parquet
 from ttft.tracer.schema import SCHEMA_VERSION
+from ttft.tracer.span_ids import same_layout
 
 __all__ = [
     "DATASET_FILE",
@@ -232,7 +233,8 @@ def read_partition(path: str | os.PathLike[str], k: int) -> tuple[pa.Table, int]
     count = own.num_rows
     if _exists(path, f"{folder}/{BORROWED_FILE}"):
         borrowed = _read_file(path, f"{folder}/{BORROWED_FILE}")
-        own = pa.concat_tables([own, borrowed.replace_schema_metadata(own.schema.metadata)])
+        own = pa.concat_tables(same_layout(
+            [own, borrowed.replace_schema_metadata(own.schema.metadata)]))
     return own, count
 
 
@@ -327,7 +329,8 @@ def read_dataset(path: str | os.PathLike[str]) -> pa.Table:
         TraceFileError: as :func:`checked_dataset` and :func:`read_partition`.
     """
     tables = list(iter_partitions(path))
-    return pa.concat_tables(tables).replace_schema_metadata(tables[0].schema.metadata)
+    return pa.concat_tables(same_layout(tables)).replace_schema_metadata(
+        tables[0].schema.metadata)
 
 
 def iter_partitions(path: str | os.PathLike[str]) -> Iterator[pa.Table]:

@@ -29,8 +29,24 @@ from ttft.collectors.dataset import (
     _partition_name,
     is_url,
 )
-from ttft.collectors.layout import WRITE_OPTIONS, by_trace, discard, fsync, replace_bytes
-from ttft.tracer.schema import COUNTED, METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA, run_metadata
+from ttft.collectors.layout import (
+    WRITE_OPTIONS,
+    WRITE_OPTIONS_V2,
+    as_stored,
+    by_trace,
+    discard,
+    fsync,
+    replace_bytes,
+)
+from ttft.tracer.schema import (
+    COUNTED,
+    METADATA_KEY,
+    SCHEMA_VERSION,
+    SPAN_SCHEMA,
+    SPAN_SCHEMA_V2,
+    run_metadata,
+)
+from ttft.tracer.span_ids import is_v2, same_layout, to_v1
 
 __all__ = ["DatasetWriter", "write_dataset"]
 
@@ -92,6 +108,7 @@ class _PartFile:
         self.rows = self.nbytes = self.written = 0
         self.pieces: list[Path] = []
         self.writer: pq.ParquetWriter | None = None
+        self.schema: pa.Schema | None = None  # the open piece's
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows:
@@ -103,15 +120,22 @@ class _PartFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         piece = self.path.with_name(f".{self.path.name}.tmp.{len(self.pieces)}")
         self.pieces.append(piece)
-        self.writer = pq.ParquetWriter(piece, schema, **WRITE_OPTIONS)
+        options = WRITE_OPTIONS_V2 if is_v2(schema) else WRITE_OPTIONS
+        self.writer = pq.ParquetWriter(piece, schema, **options)
+        self.schema = schema
 
     def flush(self) -> bool:
-        """Write the buffered rows; True when that opened a writer."""
+        """Write the buffered rows; True when that opened a writer. Each piece holds one
+        layout (`layout.as_stored`: ids as bytes where they are W3C hex): rows of the
+        other start a piece of their own, and `close` joins pieces of both as text."""
         if not self.buffered:
             return False
-        table = pa.concat_tables(self.buffered) if len(self.buffered) > 1 else self.buffered[0]
+        table = pa.concat_tables(same_layout(self.buffered)) if len(self.buffered) > 1 \
+            else self.buffered[0]
         self.buffered, self.rows, self.nbytes = [], 0, 0
-        table = by_trace(table).replace_schema_metadata(self.metadata)
+        table = as_stored(by_trace(table))[0].replace_schema_metadata(self.metadata)
+        if self.writer is not None and is_v2(self.schema) != is_v2(table.schema):
+            self.suspend()
         opened = self.writer is None
         if opened:
             self._open(table.schema)
@@ -138,12 +162,14 @@ class _PartFile:
         whole = self.pieces[0]
         if len(self.pieces) > 1:  # joined a row group at a time: memory stays bounded
             whole = self.path.with_name(f".{self.path.name}.tmp")
-            with pq.ParquetWriter(whole, SPAN_SCHEMA.with_metadata(self.metadata),
-                                  **WRITE_OPTIONS) as joined:
+            v2 = all(is_v2(pq.read_schema(piece)) for piece in self.pieces)
+            layout = (lambda t: t) if v2 else to_v1
+            with pq.ParquetWriter(whole, (SPAN_SCHEMA_V2 if v2 else SPAN_SCHEMA).with_metadata(
+                    self.metadata), **(WRITE_OPTIONS_V2 if v2 else WRITE_OPTIONS)) as joined:
                 for piece in self.pieces:
                     source = pq.ParquetFile(piece)
                     for group in range(source.metadata.num_row_groups):
-                        joined.write_table(source.read_row_group(group)
+                        joined.write_table(layout(source.read_row_group(group))
                                            .replace_schema_metadata(self.metadata))
                     source.close()
                     piece.unlink()

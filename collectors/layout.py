@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from ttft.collectors.errors import TraceFileError
 from ttft.tracer.schema import METADATA_KEY
+from ttft.tracer.span_ids import to_v2
 
 PARTS_SUFFIX = ".parts"
 """A writer's part files live in ``<path>.parts/`` until they are merged into ``<path>``."""
@@ -43,6 +44,23 @@ WRITE_OPTIONS: dict = {
         "attributes": "DELTA_BYTE_ARRAY",
     },
 }
+WRITE_OPTIONS_V2: dict = {
+    # The same for ids as bytes (schema version 2): 8 random bytes a span id, written as
+    # they are; a parent id repeats (a parent has several children) and a trace id runs.
+    **WRITE_OPTIONS,
+    "column_encoding": {k: v for k, v in WRITE_OPTIONS["column_encoding"].items()
+                        if k != "span_id"},
+}
+
+
+def as_stored(table: pa.Table) -> tuple[pa.Table, dict]:
+    """``table`` as a file holds it, and the options to write it with: its ids as bytes
+    (schema version 2, ``tracer.span_ids.to_v2``) where every id is W3C hex, else as text
+    (version 1, which a file may hold forever)."""
+    stored = to_v2(table)
+    return (table, WRITE_OPTIONS) if stored is None else (stored, WRITE_OPTIONS_V2)
+
+
 _PART_RE = re.compile(r"^part-(\d+)\.parquet$")
 _LOG_RE = re.compile(r"^log-(\d+)\.spans$")
 
@@ -160,9 +178,9 @@ def write_atomic(dest: Path, table: pa.Table, metadata_json: bytes,
     (`_replacing`; the directory is not fsynced here); ``extra`` schema metadata beside
     the run metadata."""
     with _replacing(dest) as tmp:
-        table = by_trace(table).replace_schema_metadata({METADATA_KEY: metadata_json,
-                                                         **(extra or {})})
-        pq.write_table(table, tmp, **WRITE_OPTIONS)
+        table, options = as_stored(by_trace(table))
+        table = table.replace_schema_metadata({METADATA_KEY: metadata_json, **(extra or {})})
+        pq.write_table(table, tmp, **options)
 
 
 # --- the runs a path holds ---------------------------------------------------------------

@@ -99,9 +99,10 @@ class TraceLocation:
         """
         return int(checked_dataset(self.path)["partitions"])
 
-    def read(self, partition: int | None = None) -> pa.Table:
+    def read(self, partition: int | None = None, *, native: bool = False) -> pa.Table:
         """The whole trace (``partition`` None; the table already read, if any) or one
-        partition of a dataset, as ``read_spans`` reads it.
+        partition of a dataset, as ``read_spans`` reads it (``native``: its ids as bytes
+        where the files hold them so, for the analysis).
 
         Raises:
             TraceFileError, ValueError: as ``read_spans``.
@@ -111,7 +112,7 @@ class TraceLocation:
         if partition is None and self.table is not None:
             return self.table
         return read_spans(self.path, format=self.format, mapping=self.mapping,
-                          partition=partition)
+                          partition=partition, native=native)
 
     def stored_spans(self) -> int | None:
         """The spans a trace file or directory of runs holds, from its Parquet footers

@@ -28,6 +28,7 @@ from ttft.tracer.schema import (
     SPAN_SCHEMA,
     newest_run_metadata,
 )
+from ttft.tracer.span_ids import same_layout, to_v1
 
 __all__ = ["iter_batches", "read_parquet", "read_parquet_metadata", "trace_files"]
 
@@ -231,7 +232,9 @@ def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
     """Read a whole trace (a file or a directory of parts) into one table.
 
     Returns:
-        A table with exactly SPAN_SCHEMA whose schema metadata holds the run metadata under
+        A table with exactly SPAN_SCHEMA, or SPAN_SCHEMA_V2 when every file holding rows
+        has its ids as bytes (``tracer.span_ids.same_layout``), whose schema metadata holds
+        the run metadata under
         METADATA_KEY (for a directory, that of its last part or log, the most recent, with
         the defects every run counted summed: `_newest_with_counts`). For a
         directory or an unfinished run, the schema metadata's ``INPUTS_KEY`` says what was
@@ -249,7 +252,7 @@ def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
     inputs: list[dict[str, Any]] = []
     runs: list[bytes] = []
     read = list(_read_tables(path, batch_rows=65_536, inputs=inputs, runs=runs))
-    table = pa.concat_tables([table for table, _ in read])
+    table = pa.concat_tables(same_layout([table for table, _ in read]))
     metadata = {METADATA_KEY: _newest_with_counts(runs) if len(runs) > 1 else read[-1][1]}
     if Path(path).is_dir() or not inputs[0]["state"] == "finished":
         metadata[INPUTS_KEY] = json.dumps(inputs).encode()
@@ -263,7 +266,7 @@ def iter_batches(path: str | os.PathLike[str], *, batch_rows: int = 65_536,
     :func:`read_parquet` lists them. Raises as :func:`read_parquet` does, on reaching the
     bad file or row."""
     for table, raw in _read_tables(path, batch_rows, inputs):
-        yield from table.replace_schema_metadata({METADATA_KEY: raw}).to_batches()
+        yield from to_v1(table).replace_schema_metadata({METADATA_KEY: raw}).to_batches()
 
 
 def read_parquet_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from ttft.collectors.importers._base import MAX_DECOMPRESSED_BYTES, head
 from ttft.collectors.importers.mapping import StageMapping, default_mapping, load_mapping
 from ttft.collectors.layout import parts_dir
 from ttft.tracer.schema import OWN_ROWS_KEY, read_inputs, run_metadata, with_run_metadata
+from ttft.tracer.span_ids import is_v2, to_v1
 
 __all__ = ["FIFO_WAIT_S", "STDIN", "guess_format", "read_inputs", "read_spans", "run_metadata"]
 
@@ -94,6 +95,7 @@ def read_spans(
     format: str | None = None,
     mapping: StageMapping | str | os.PathLike[str] | None = None,
     partition: int | None = None,
+    native: bool = False,
 ) -> pa.Table:
     """Read a trace in any format, with stages mapped.
 
@@ -114,10 +116,14 @@ def read_spans(
         partition: of a partitioned dataset, read only partition ``partition``: its own
             rows, then copies of the step traces its requests joined, how many rows it
             owns under ``OWN_ROWS_KEY`` in the schema metadata (None: the whole trace).
+        native: keep the ids as bytes where the files hold them so (schema version 2,
+            ``SPAN_SCHEMA_V2``: what the analysis reads fastest) and no stage rule acts on
+            the table; else, the default, the ids as hex text.
 
     Returns:
-        A table with exactly ``SPAN_SCHEMA`` whose schema metadata holds the run metadata
-        under ``METADATA_KEY`` (see :func:`run_metadata`).
+        A table with exactly ``SPAN_SCHEMA`` (with ``native``, maybe ``SPAN_SCHEMA_V2``)
+        whose schema metadata holds the run metadata under ``METADATA_KEY`` (see
+        :func:`run_metadata`).
 
     Raises:
         TraceFileError: the path is missing or unrecognised, the format name unknown, the
@@ -125,13 +131,18 @@ def read_spans(
         ValueError: the mapping file cannot be read or holds a bad rule (the message names
             the file, the rule and the field), or the dataset has no such partition.
     """
-    rules = _mapping(mapping)
+    table = _read_any(path, format, _mapping(mapping), partition)
+    return table if native else to_v1(table)
+
+
+def _read_any(path: str | os.PathLike[str], format: str | None, rules: StageMapping,
+              partition: int | None) -> pa.Table:
     if partition is not None:
         return _read_partition(path, format, rules, partition)
     if is_url(path):  # a URL is read as a partitioned dataset, through fsspec
         if format not in (None, "ttft"):
             raise TraceFileError(path, f"a URL is read only as a ttft dataset, not {format!r}")
-        return rules.apply(read_dataset(path))
+        return _mapped(rules, read_dataset(path))
     if os.fspath(path) == STDIN or _is_stream(Path(path)):
         with _spooled(path) as (shown, copy):
             try:
@@ -142,6 +153,14 @@ def read_spans(
     return _read(Path(path), format, rules)
 
 
+def _mapped(rules: StageMapping, table: pa.Table) -> pa.Table:
+    """``rules`` applied to ``table``: the stage mapping works on ids as text, so a table
+    whose ids are bytes is converted first where some rule may act on it."""
+    if is_v2(table.schema) and not rules.inert(table):
+        table = to_v1(table)
+    return rules.apply(table)
+
+
 def _read_partition(path: str | os.PathLike[str], format: str | None, rules: StageMapping,
                     k: int) -> pa.Table:
     if format not in (None, "ttft"):
@@ -150,7 +169,7 @@ def _read_partition(path: str | os.PathLike[str], format: str | None, rules: Sta
         raise TraceFileError(path, "not a partitioned dataset, so it has no partitions; make "
                                    f"one with: ttft partition {os.fspath(path)} -o DATASET")
     table, own = read_partition(path, k)
-    table = rules.apply(table)
+    table = _mapped(rules, table)
     return table.replace_schema_metadata({**(table.schema.metadata or {}),
                                           OWN_ROWS_KEY: str(own).encode()})
 
@@ -162,7 +181,7 @@ def _read(path: Path, format: str | None, rules: StageMapping) -> pa.Table:
         raise TraceFileError(path, f"unknown format {format!r}; known: {', '.join(IMPORTERS)}")
     elif not _exists(path):
         raise TraceFileError(path, "does not exist")
-    return rules.apply(IMPORTERS[format].read(path))
+    return _mapped(rules, IMPORTERS[format].read(path))
 
 
 def _is_stream(path: Path) -> bool:

@@ -26,6 +26,7 @@ from ttft.collectors._log import (
 from ttft.collectors._spans import to_span_table
 from ttft.collectors.layout import (
     WRITE_OPTIONS,
+    WRITE_OPTIONS_V2,
     discard,
     fsync,
     log_files,
@@ -36,7 +37,8 @@ from ttft.collectors.layout import (
     uncovered_logs,
     write_atomic,
 )
-from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
+from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA, SPAN_SCHEMA_V2
+from ttft.tracer.span_ids import is_v2, to_v1, to_v2
 
 __all__ = ["TraceWriter", "replace_bytes", "write_trace"]  # replace_bytes: for small files
 
@@ -209,7 +211,7 @@ class TraceWriter:
             OSError: the log write or fsync failed (the rows were not taken), or a due
                 flush failed.
         """
-        table = to_span_table(data)
+        table = to_v1(to_span_table(data))  # buffered and logged as text; parts as bytes
         record = encode_batch(table) if self._segment is not None and table.num_rows else b""
         with self._lock:
             if self._closed:
@@ -382,16 +384,26 @@ class TraceWriter:
 
     def _merge_locked(self) -> None:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        schema = SPAN_SCHEMA.with_metadata({METADATA_KEY: self._metadata_json()})
+        parts = part_files(self.parts_dir)
+        logged = [to_span_table(read_log(segment).table)  # parts that failed: few rows
+                  for _, segment in uncovered_logs(self.parts_dir)]
+        # The ids as bytes (schema version 2) when every part holds them so and every
+        # logged row can (`as_stored` wrote each part), else as text throughout.
+        stored = [to_v2(rows) for rows in logged]
+        v2 = (all(is_v2(pq.read_schema(part)) for part in parts)
+              and all(rows is not None for rows in stored))
+        schema = (SPAN_SCHEMA_V2 if v2 else SPAN_SCHEMA).with_metadata(
+            {METADATA_KEY: self._metadata_json()})
+        layout = (lambda t: t) if v2 else to_v1
         try:
-            with pq.ParquetWriter(tmp, schema, **WRITE_OPTIONS) as sink:
-                for part in part_files(self.parts_dir):
+            with pq.ParquetWriter(tmp, schema, **(WRITE_OPTIONS_V2 if v2 else WRITE_OPTIONS)
+                                  ) as sink:
+                for part in parts:
                     with pq.ParquetFile(part) as source:
                         for group in range(source.num_row_groups):
-                            table = source.read_row_group(group)
+                            table = layout(source.read_row_group(group))
                             sink.write_table(table.replace_schema_metadata(None))
-                for _, segment in uncovered_logs(self.parts_dir):  # parts that failed
-                    rows = to_span_table(read_log(segment).table)
+                for rows in (stored if v2 else logged):
                     sink.write_table(rows.replace_schema_metadata(None))
             fsync(tmp)
             os.replace(tmp, self.path)

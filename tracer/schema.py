@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:  # pyarrow is imported where a table is made or read, not for the names
     import pyarrow as pa
 
-SCHEMA_VERSION: Final[int] = 1
-"""Bumped whenever a column is added, removed or changes meaning."""
+SCHEMA_VERSION: Final[int] = 2
+"""Bumped whenever a column is added, removed or changes meaning. Version 2 holds the
+W3C ids as bytes (``SPAN_SCHEMA_V2``); version 1 (``SPAN_SCHEMA``) as hex text. Files of
+either are read forever, and ``tracer.span_ids`` converts between them (docs/design.md,
+"Schema versions")."""
 
 METADATA_KEY: Final[bytes] = b"ttft"
 """Parquet key-value metadata key holding the run metadata (a JSON object)."""
@@ -142,18 +145,35 @@ def _span_schema() -> pa.Schema:
     )
 
 
+@cache
+def _span_schema_v2() -> pa.Schema:
+    import pyarrow as pa
+
+    v1 = _span_schema()
+    ids = {"trace_id": pa.field("trace_id", pa.binary(16), nullable=False),
+           "span_id": pa.field("span_id", pa.binary(8)),
+           "parent_id": pa.field("parent_id", pa.binary(8))}
+    return pa.schema([ids.get(f.name, f) for f in v1])
+
+
 def __getattr__(name: str) -> Any:
-    """``SPAN_SCHEMA``, made (and pyarrow imported) on first use (PEP 562), so a command
-    that only reads the names here (``ttft --help``) never loads pyarrow."""
+    """``SPAN_SCHEMA`` and ``SPAN_SCHEMA_V2``, made (and pyarrow imported) on first use
+    (PEP 562), so a command that only reads the names here (``ttft --help``) never loads
+    pyarrow."""
     if name == "SPAN_SCHEMA":
         return _span_schema()
+    if name == "SPAN_SCHEMA_V2":
+        return _span_schema_v2()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if TYPE_CHECKING:
     SPAN_SCHEMA: Final[pa.Schema] = _span_schema()
+    SPAN_SCHEMA_V2: Final[pa.Schema] = _span_schema_v2()
 """One row per span or point event (``SPAN_SCHEMA``, an Arrow schema); see docs/design.md
-for the meaning of each column."""
+for the meaning of each column. ``SPAN_SCHEMA_V2`` is the same row with its ids as bytes:
+``trace_id`` 16, ``span_id`` and ``parent_id`` 8 (what files are written in, and what the
+analysis reads them as; ``tracer.span_ids``)."""
 
 COLUMNS: Final[tuple[str, ...]] = (
     "trace_id", "span_id", "parent_id", "request_id", "name", "stage", "start_ns", "end_ns",

@@ -82,10 +82,12 @@ def stdout_console() -> PlainConsole:
 
 
 def load_trace(
-    path: Path, *, format: str | None = None, mapping: Path | None = None
+    path: Path, *, format: str | None = None, mapping: Path | None = None,
+    native: bool = False,
 ) -> tuple[pa.Table, dict[str, Any]]:
     """:func:`ttft.collectors.read_spans` for a command: the span table of ``path`` with
-    stages mapped, and its run metadata.
+    stages mapped, and its run metadata; with ``native``, its ids as bytes where the file
+    holds them so (what only the analysis reads: ``read_spans``' ``native``).
 
     Raises:
         typer.Exit: code 2 after printing what was wrong with the file or the mapping.
@@ -94,7 +96,7 @@ def load_trace(
 
     try:
         with progress(f"reading {path}"):
-            table = read_spans(path, format=format, mapping=mapping)
+            table = read_spans(path, format=format, mapping=mapping, native=native)
     except (TraceFileError, ValueError) as exc:
         raise fail(str(exc)) from None
     except OSError as exc:

@@ -65,7 +65,7 @@ def analysed(traces: Sequence[Path], *, format: str | None, mapping: Path | None
             warm_kernels(max((n or 0 for n in stored), default=0))  # while the reads run
             locations = []
             for trace in traces:
-                table, _ = load_trace(trace, format=format, mapping=mapping)
+                table, _ = load_trace(trace, format=format, mapping=mapping, native=True)
                 locations.append(TraceLocation(str(trace), format, named, table))
             spans = sum(location.table.num_rows for location in locations)
             with runner() as here, progress(f"{what} {spans:,} spans"):

@@ -68,7 +68,9 @@ def export(
         analysis = analyze_trace(trace, boundary=boundary.value if boundary else None,
                                  policy=policy.value, format=format, mapping=mapping)
         _write_csv(csv, analysis)
-        table = analysis.table
+        from ttft.tracer.span_ids import to_v1
+
+        table = to_v1(analysis.table)  # read with ids as bytes for the analysis
     else:
         table, _ = load_trace(trace, format=format, mapping=mapping)
     if perfetto is not None:

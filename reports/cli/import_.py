@@ -27,6 +27,8 @@ def import_trace(
     onto ttft's stages (built-in rules for vLLM, SGLang and TGI, plus --mapping), and write
     it as one ttft Parquet trace. ttft analyze, report and export also read these files
     directly; importing once saves parsing them again."""
+    import pyarrow.compute as pc
+
     from ttft.collectors import write_trace
 
     if out.resolve() == Path(trace).resolve():
@@ -38,8 +40,9 @@ def import_trace(
             write_trace(out, table, metadata)
     except OSError as exc:
         raise fail(f"{out}: cannot write ({exc.strerror or exc})") from None
-    stages = Counter(table.column("stage").to_pylist())
-    traces = len(set(table.column("trace_id").to_pylist()))
+    counted = pc.value_counts(table.column("stage")).to_pylist()
+    stages = Counter({c["values"]: c["counts"] for c in counted})
+    traces = pc.count_distinct(table.column("trace_id")).as_py()
     mapped = ", ".join(f"{stage} {n:,}" for stage, n in stages.most_common())
     err.print(
         plain(

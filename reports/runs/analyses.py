@@ -87,9 +87,9 @@ __all__ = ["WORKER_ENVIRON", "DaskMissing", "InProcess", "OnDask", "Runner",
 
 def _table(location: TraceLocation, piece: Piece) -> Any:
     if piece is None:  # the whole trace: read once in this process, then kept
-        location.table = location.read()
+        location.table = location.read(native=True)
         return location.table
-    return location.read(piece)
+    return location.read(piece, native=True)
 
 
 def _survey_task(location: TraceLocation, piece: Piece, steps: bool = True,

@@ -13,6 +13,7 @@ from ttft.collectors import TraceFileError, guess_format
 from ttft.collectors.importers import IMPORTERS
 from ttft.engine.kv_cache import PagedKVCache
 from ttft.engine.model import ModelConfig, Transformer, prefill_chunk
+from ttft.tracer.schema import SCHEMA_VERSION
 
 EVENTS = [
     {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "engine"}},
@@ -97,7 +98,7 @@ def test_hand_written_events_read_to_exact_rows(tmp_path):
     assert table.num_rows == len(EXPECTED)
     meta = json.loads(table.schema.metadata[b"ttft"])
     assert meta == {
-        "schema_version": 1, "source_format": "chrome", "source": str(path),
+        "schema_version": SCHEMA_VERSION, "source_format": "chrome", "source": str(path),
         "clock_epoch": False, "unmatched": 1, "flow_events": 1, "counter_events": 1,
         "skipped_events": {"P": 1}, "display_time_unit": "ns",
     }

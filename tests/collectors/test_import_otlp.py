@@ -24,7 +24,7 @@ from ttft.collectors import TraceFileError, guess_format, write_trace
 from ttft.collectors.importers import IMPORTERS
 from ttft.collectors.importers import _base as importers_base
 from ttft.collectors.otlp_rows import parse_json_request
-from ttft.tracer.schema import METADATA_KEY, SPAN_SCHEMA
+from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 
 T0_NS = 1_700_000_000_000_000_000
 ATTRIBUTES = {
@@ -190,7 +190,7 @@ def test_each_form_is_guessed_and_reads_to_the_sdk_spans(tmp_path, sdk, form):
     event["span_id"] = "(event)"
     assert rows == expected
     messages = 1 if form in ("pretty-document", "proto-unframed") else 2
-    assert metadata(table) == {"schema_version": 1, "source_format": importer,
+    assert metadata(table) == {"schema_version": SCHEMA_VERSION, "source_format": importer,
                                "source": str(path), "requests": messages,
                                "rejected": {"count": 0, "examples": []}}
 

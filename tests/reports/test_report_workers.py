@@ -35,7 +35,7 @@ from ttft.reports._text import PlainConsole
 from ttft.reports.html_report import render_html
 from ttft.reports.report_data import ReportData, build_report
 from ttft.reports.terminal_report import render_report
-from ttft.tracer.schema import METADATA_KEY
+from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION
 
 pytest.importorskip("distributed")
 
@@ -154,7 +154,7 @@ def test_report_data_of_partitions_equals_one_process(datasets, client, name, pa
     # and the whole trace as one table gives the same report (the dataset's writer adds the
     # schema version to the run metadata)
     whole = build_report(analyze(traces()[name], trace=str(path)))
-    assert {**whole.metadata, "schema_version": 1} == got.metadata
+    assert {**whole.metadata, "schema_version": SCHEMA_VERSION} == got.metadata
     assert_same_report(got, replace(whole, metadata=got.metadata))
 
 
