@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.tracer.span_ids import hex_text
+from ttft.tracer.span_ids import hex_texts
 
 FOLD = tuple(np.uint64(m) for m in (
     0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5,
@@ -21,8 +21,12 @@ FOLD = tuple(np.uint64(m) for m in (
 def id_texts(ids: pa.Array) -> list[str | None]:
     """Ids as Python text: as they are, or the lowercase hex of ids held as bytes."""
     if pa.types.is_fixed_size_binary(ids.type):
-        ids = hex_text(ids)
+        return _texts(ids)
     return ids.to_pylist()
+
+
+def _texts(ids: pa.Array) -> list[str | None]:
+    return pa.chunked_array(hex_texts(pa.chunked_array([ids])), pa.string()).to_pylist()
 
 
 def binary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
@@ -68,7 +72,7 @@ def binary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     ids = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(width), len(first), [None, pa.py_buffer(run_words[first].tobytes())])
     codes_ = np.repeat(found.astype(np.int32), np.diff(np.append(starts, n)))
-    return codes_, hex_text(ids).to_pylist()
+    return codes_, _texts(ids)
 
 
 def _hashed_binary(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
@@ -76,4 +80,4 @@ def _hashed_binary(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     enc = pc.dictionary_encode(column.combine_chunks())
     codes_ = np.asarray(pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False),
                         dtype=np.int32)
-    return codes_, hex_text(enc.dictionary).to_pylist()
+    return codes_, _texts(enc.dictionary)

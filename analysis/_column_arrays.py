@@ -108,6 +108,12 @@ def _codes_from(col: pa.ChunkedArray | pa.Array, runs: bool
         return np.empty(0, np.int32), [], None
     source = col.chunk(0).dictionary
     values = source.to_pylist()
+    if len(set(values)) < len(values):  # a dictionary that holds a value twice: one code
+        first: dict = {}
+        merged = np.array([first.setdefault(v, len(first)) for v in values], np.int32)
+        found = _indices(col)
+        found = np.where(found >= 0, merged[np.maximum(found, 0)], np.int32(-1))
+        return found, list(first), pa.array(list(first), source.type)
     return _indices(col), values, source
 
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.analysis._column_arrays import by_chunk, one_array
-from ttft.tracer.span_ids import SPAN_BYTES, hex_text, hex_words
+from ttft.tracer.span_ids import SPAN_BYTES, hex_texts, hex_words
 
 
 def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -41,7 +41,7 @@ def id_words(*picks: tuple[pa.ChunkedArray | pa.Array, np.ndarray | None]) -> li
     if all(binary):  # ids as bytes (schema version 2): the words of their hex text
         return [_binary_words(col, rows) for col, (_, rows) in zip(chunked, picks, strict=True)]
     if any(binary):  # one table holds one layout; mixed picks are read as text
-        chunked = [pa.chunked_array([hex_text(c) for c in col.chunks], pa.string()) if b
+        chunked = [pa.chunked_array(hex_texts(col), pa.string()) if b
                    else col for col, b in zip(chunked, binary, strict=True)]
     fixed: dict[int, list | None] = {}
     for col in chunked:
@@ -144,7 +144,7 @@ def _binary_words(col: pa.ChunkedArray, rows: np.ndarray | None) -> Words:
     words a version-1 column of the same ids gives, so both layouts give one answer. A
     null names no span."""
     if col.type.byte_width != SPAN_BYTES:  # not span ids: ranked as their text is
-        return id_words((pa.chunked_array([hex_text(c) for c in col.chunks], pa.string()),
+        return id_words((pa.chunked_array(hex_texts(col), pa.string()),
                          rows))[0]
 
     def read(i: int, local: np.ndarray) -> Words:

@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 from ttft.collectors.errors import TraceFileError
 from ttft.collectors.parquet import read_parquet
 from ttft.tracer.schema import SCHEMA_VERSION
-from ttft.tracer.span_ids import same_layout
+from ttft.tracer.span_ids import same_layout, to_v1
 
 __all__ = [
     "DATASET_FILE",
@@ -216,13 +216,16 @@ def _partition_index(info: Mapping[str, Any], path: str | os.PathLike[str], k: i
     return _partition_name(k)
 
 
-def read_partition(path: str | os.PathLike[str], k: int) -> tuple[pa.Table, int]:
+def read_partition(path: str | os.PathLike[str], k: int, *, native: bool = False
+                   ) -> tuple[pa.Table, int]:
     """Partition ``k`` of the dataset at ``path``: its own rows followed by its borrowed
     rows, and the number of own rows.
 
     Returns:
-        A table with exactly ``SPAN_SCHEMA`` whose schema metadata is the run metadata of
-        the partition's ``spans.parquet``, and the count of its own (leading) rows.
+        A table with exactly ``SPAN_SCHEMA`` (with ``native``, ``SPAN_SCHEMA_V2`` where the
+        files hold the ids as bytes: ``read_spans``' ``native``) whose schema metadata is
+        the run metadata of the partition's ``spans.parquet``, and the count of its own
+        (leading) rows.
 
     Raises:
         TraceFileError: the dataset file or a partition's file is missing or unreadable.
@@ -235,7 +238,7 @@ def read_partition(path: str | os.PathLike[str], k: int) -> tuple[pa.Table, int]
         borrowed = _read_file(path, f"{folder}/{BORROWED_FILE}")
         own = pa.concat_tables(same_layout(
             [own, borrowed.replace_schema_metadata(own.schema.metadata)]))
-    return own, count
+    return (own if native else to_v1(own)), count
 
 
 def _check_identity(info: Mapping[str, Any], path: str | os.PathLike[str], k: int,
@@ -321,25 +324,30 @@ def _partition_dirs(path: str | os.PathLike[str]) -> list[int]:
             if name.startswith(_PART_PREFIX) and name[len(_PART_PREFIX):].isdigit()]
 
 
-def read_dataset(path: str | os.PathLike[str]) -> pa.Table:
+def read_dataset(path: str | os.PathLike[str], *, native: bool = False) -> pa.Table:
     """Every partition's own rows, in partition order (the input's rows, each once), with
-    partition 0's run metadata; :func:`ttft.collectors.read_spans` reads a dataset so.
+    partition 0's run metadata; :func:`ttft.collectors.read_spans` reads a dataset so
+    (``native``: as `read_partition`'s).
 
     Raises:
         TraceFileError: as :func:`checked_dataset` and :func:`read_partition`.
     """
-    tables = list(iter_partitions(path))
-    return pa.concat_tables(same_layout(tables)).replace_schema_metadata(
+    tables = list(iter_partitions(path, native=True))
+    table = pa.concat_tables(same_layout(tables)).replace_schema_metadata(
         tables[0].schema.metadata)
+    return table if native else to_v1(table)
 
 
-def iter_partitions(path: str | os.PathLike[str]) -> Iterator[pa.Table]:
+def iter_partitions(path: str | os.PathLike[str], *, native: bool = False
+                    ) -> Iterator[pa.Table]:
     """Each partition's own rows in partition order, one partition read at a time
-    (`read_dataset` is all of them as one table), each with its file's run metadata.
+    (`read_dataset` is all of them as one table), each with its file's run metadata
+    (``native``: as `read_partition`'s).
 
     Raises:
         TraceFileError: as :func:`checked_dataset` and :func:`read_partition`.
     """
     info = checked_dataset(path)
     for k in range(info["partitions"]):
-        yield _read_file(path, f"{_partition_name(k)}/{SPANS_FILE}")
+        table = _read_file(path, f"{_partition_name(k)}/{SPANS_FILE}")
+        yield table if native else to_v1(table)

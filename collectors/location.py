@@ -41,6 +41,7 @@ from ttft.collectors.dataset import (
 )
 from ttft.collectors.layout import log_files, parts_dir, stored_spans
 from ttft.collectors.staging import staging_path
+from ttft.tracer.span_ids import to_v1
 
 if TYPE_CHECKING:
     from ttft.collectors.writer import TraceWriter
@@ -110,7 +111,7 @@ class TraceLocation:
         from ttft.collectors.reader import read_spans
 
         if partition is None and self.table is not None:
-            return self.table
+            return self.table if native else to_v1(self.table)
         return read_spans(self.path, format=self.format, mapping=self.mapping,
                           partition=partition, native=native)
 

@@ -142,7 +142,7 @@ def _read_any(path: str | os.PathLike[str], format: str | None, rules: StageMapp
     if is_url(path):  # a URL is read as a partitioned dataset, through fsspec
         if format not in (None, "ttft"):
             raise TraceFileError(path, f"a URL is read only as a ttft dataset, not {format!r}")
-        return _mapped(rules, read_dataset(path))
+        return _mapped(rules, read_dataset(path, native=True))
     if os.fspath(path) == STDIN or _is_stream(Path(path)):
         with _spooled(path) as (shown, copy):
             try:
@@ -168,7 +168,7 @@ def _read_partition(path: str | os.PathLike[str], format: str | None, rules: Sta
     if not is_dataset(path):
         raise TraceFileError(path, "not a partitioned dataset, so it has no partitions; make "
                                    f"one with: ttft partition {os.fspath(path)} -o DATASET")
-    table, own = read_partition(path, k)
+    table, own = read_partition(path, k, native=True)
     table = _mapped(rules, table)
     return table.replace_schema_metadata({**(table.schema.metadata or {}),
                                           OWN_ROWS_KEY: str(own).encode()})

@@ -74,7 +74,7 @@ def to_v1(table: pa.Table) -> pa.Table:
 
     if not is_v2(table.schema):
         return table
-    columns = [pa.chunked_array([hex_text(c) for c in table.column(f.name).chunks], pa.string())
+    columns = [pa.chunked_array(hex_texts(table.column(f.name)), pa.string())
                if f.name in ID_BYTES else table.column(f.name) for f in table.schema]
     fields = [SPAN_SCHEMA.field(f.name) if f.name in ID_BYTES else f for f in table.schema]
     return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=table.schema.metadata))
@@ -163,14 +163,32 @@ def _unhexed(arr: pa.Array, width: int, nullable: bool) -> pa.Array | None:
                                  null_count=int(n - present.sum()))
 
 
+_MOST_TEXT = 2**31 - 1
+"""The most bytes one string array holds (its offsets are int32)."""
+
+
+def hex_texts(column: pa.ChunkedArray) -> list[pa.Array]:
+    """A column of binary ids as chunks of lowercase hex text: each chunk's `hex_text`,
+    a chunk whose text would pass `_MOST_TEXT` bytes cut into pieces that do not."""
+    out = []
+    for chunk in column.chunks:
+        step = max(1, _MOST_TEXT // (2 * chunk.type.byte_width))
+        out += [hex_text(chunk.slice(at, step)) for at in range(0, len(chunk), step)]
+    return out
+
+
 def hex_text(arr: pa.Array) -> pa.Array:
-    """One chunk of binary ids as lowercase hex text (nulls stay null)."""
+    """One chunk of binary ids as lowercase hex text (nulls stay null), of at most
+    `_MOST_TEXT` bytes (`hex_texts` cuts a longer one)."""
     import numpy as np
     import pyarrow as pa
 
     n, width = len(arr), arr.type.byte_width
     if n == 0:
         return pa.array([], pa.string())
+    if n * 2 * width > _MOST_TEXT:
+        raise ValueError(f"{n:,} ids are more text than one string array holds; "
+                         "hex_texts cuts them into chunks")
     present = _validity(arr)
     data = arr.buffers()[1]
     raw = np.frombuffer(data, np.uint8)[arr.offset * width : (arr.offset + n) * width]

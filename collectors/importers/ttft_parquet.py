@@ -25,5 +25,5 @@ class TTFTParquet:
 
     def read(self, path: Path) -> pa.Table:
         if looks_like_dataset(path):  # before part=K/ directories read as a plain directory
-            return read_dataset(path)
+            return read_dataset(path, native=True)  # read_spans gives the ids as asked
         return read_parquet(path)

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -91,3 +92,21 @@ def test_trace_codes_and_id_words_are_those_of_the_text(rows, chunk, data):
                     id_words((table.column("span_id"), rows_), (table.column("parent_id"), None)),
                     strict=True):
         assert [x.tolist() for x in a] == [x.tolist() for x in b]
+
+
+def test_a_dictionary_that_names_a_trace_twice_is_one_trace():
+    """A version-1 table whose trace ids are a dictionary holding one id twice groups
+    its rows as plain text does (and as the bytes do)."""
+    table = generate(30, seed=3).table
+    ids = table.column("trace_id").combine_chunks()
+    enc = pc.dictionary_encode(ids)
+    twice = pa.concat_arrays([enc.dictionary, enc.dictionary.slice(0, 1)])
+    # the first row keeps code 0; every later row of that trace takes the second copy
+    codes = np.array(enc.indices.to_numpy(), np.int32)
+    later = np.flatnonzero(codes == 0)[1:]
+    codes[later] = len(enc.dictionary)
+    indices = pa.array(codes, pa.int32())
+    dictionary = pa.DictionaryArray.from_arrays(indices, twice)
+    as_dictionary = table.set_column(0, "trace_id", dictionary)
+    for policy in POLICIES:
+        assert _figures(as_dictionary, policy) == _figures(table, policy)

@@ -107,3 +107,22 @@ def test_ttft_import_migrates_a_version_1_file_and_analyze_answers_alike(tmp_pat
         out = json.loads(runner.invoke(app, ["analyze", str(path), "--json"]).stdout)
         answers.append({k: v for k, v in out.items() if k not in ("trace", "schema_version")})
     assert answers[0] == answers[1] and answers[0]["requests"] == 150
+
+
+def test_a_dataset_is_written_as_bytes_and_read_as_text_unless_asked(tmp_path):
+    from ttft.collectors import TraceLocation, read_partition
+
+    table = generate(40, seed=2).table
+    source = write_trace(tmp_path / "t.parquet", table)
+    dataset = tmp_path / "ds"
+    done = CliRunner().invoke(app, ["partition", str(source), "-o", str(dataset),
+                                    "--partitions", "2"])
+    assert done.exit_code == 0, done.output
+    assert all(_file_is_v2(f) for f in dataset.glob("part=*/*.parquet"))
+    text, own = read_partition(dataset, 1)
+    raw, own_raw = read_partition(dataset, 1, native=True)
+    assert not is_v2(text.schema) and is_v2(raw.schema) and own == own_raw
+    assert to_v1(raw).equals(text)
+    assert _rows(read_spans(dataset)) == _rows(table)
+    held = TraceLocation(str(source), table=read_spans(source, native=True))
+    assert not is_v2(held.read().schema) and is_v2(held.read(native=True).schema)

@@ -88,3 +88,16 @@ def test_hex_words_are_the_words_of_the_hex_text(ids):
     words = hex_words(raw)
     text = b"".join(i.hex().encode() for i in ids)
     assert words.tolist() == np.frombuffer(text, ">u8").reshape(-1, 2).tolist()
+
+
+def test_a_chunk_of_more_text_than_one_array_holds_is_cut(monkeypatch):
+    from ttft.tracer import span_ids
+
+    table = _table([(f"{i:032x}", f"{i:016x}", None) for i in range(10)], 10)
+    stored = to_v2(table)
+    monkeypatch.setattr(span_ids, "_MOST_TEXT", 3 * 32)  # three trace ids a piece
+    with pytest.raises(ValueError, match="hex_texts"):
+        span_ids.hex_text(stored.column("trace_id").chunk(0))
+    back = to_v1(stored)
+    assert back.column("trace_id").num_chunks == 4
+    assert back.column("trace_id").to_pylist() == table.column("trace_id").to_pylist()
