@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ttft.analysis._column_arrays import by_chunk, one_array
-from ttft.tracer.span_ids import SPAN_BYTES, hex_texts, hex_words
+from ttft.tracer.span_ids import SPAN_BYTES, hex_texts, hex_words, validity
 
 
 def id_values(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -124,8 +124,7 @@ def _fixed_ids(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
     else:
         present = lengths == 16
         if nulls:
-            bits = np.unpackbits(np.frombuffer(arr.buffers()[0], np.uint8), bitorder="little")
-            present &= bits[arr.offset : arr.offset + n].view(bool)
+            present &= validity(arr)
         # The other rows hold no bytes: nulls, and empty strings, which name no span.
         if not np.array_equal(lengths, present.astype(np.int32) << 4):
             return None
@@ -150,8 +149,7 @@ def _binary_words(col: pa.ChunkedArray, rows: np.ndarray | None) -> Words:
     def read(i: int, local: np.ndarray) -> Words:
         chunk, k = col.chunks[i], len(local)
         high, low = np.zeros(k, np.uint64), np.zeros(k, np.uint64)
-        ok = (np.ones(k, bool) if not chunk.null_count else
-              np.asarray(chunk.is_valid().to_numpy(zero_copy_only=False), bool)[local])
+        ok = validity(chunk)[local]
         if ok.any():
             raw = np.frombuffer(chunk.buffers()[1], np.uint8)[
                 chunk.offset * SPAN_BYTES : (chunk.offset + len(chunk)) * SPAN_BYTES]

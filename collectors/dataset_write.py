@@ -30,23 +30,22 @@ from ttft.collectors.dataset import (
     is_url,
 )
 from ttft.collectors.layout import (
-    WRITE_OPTIONS,
-    WRITE_OPTIONS_V2,
     as_stored,
     by_trace,
     discard,
     fsync,
+    joined_layout,
     replace_bytes,
+    write_options,
 )
 from ttft.tracer.schema import (
     COUNTED,
     METADATA_KEY,
     SCHEMA_VERSION,
     SPAN_SCHEMA,
-    SPAN_SCHEMA_V2,
     run_metadata,
 )
-from ttft.tracer.span_ids import is_v2, same_layout, to_v1
+from ttft.tracer.span_ids import is_v2, same_layout
 
 __all__ = ["DatasetWriter", "write_dataset"]
 
@@ -120,8 +119,7 @@ class _PartFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         piece = self.path.with_name(f".{self.path.name}.tmp.{len(self.pieces)}")
         self.pieces.append(piece)
-        options = WRITE_OPTIONS_V2 if is_v2(schema) else WRITE_OPTIONS
-        self.writer = pq.ParquetWriter(piece, schema, **options)
+        self.writer = pq.ParquetWriter(piece, schema, **write_options(schema))
         self.schema = schema
 
     def flush(self) -> bool:
@@ -162,10 +160,9 @@ class _PartFile:
         whole = self.pieces[0]
         if len(self.pieces) > 1:  # joined a row group at a time: memory stays bounded
             whole = self.path.with_name(f".{self.path.name}.tmp")
-            v2 = all(is_v2(pq.read_schema(piece)) for piece in self.pieces)
-            layout = (lambda t: t) if v2 else to_v1
-            with pq.ParquetWriter(whole, (SPAN_SCHEMA_V2 if v2 else SPAN_SCHEMA).with_metadata(
-                    self.metadata), **(WRITE_OPTIONS_V2 if v2 else WRITE_OPTIONS)) as joined:
+            schema, layout = joined_layout(self.pieces)
+            with pq.ParquetWriter(whole, schema.with_metadata(self.metadata),
+                                  **write_options(schema)) as joined:
                 for piece in self.pieces:
                     source = pq.ParquetFile(piece)
                     for group in range(source.metadata.num_row_groups):

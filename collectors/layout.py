@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ttft.collectors.errors import TraceFileError
-from ttft.tracer.schema import METADATA_KEY
-from ttft.tracer.span_ids import to_v2
+from ttft.tracer.schema import METADATA_KEY, SPAN_SCHEMA, SPAN_SCHEMA_V2
+from ttft.tracer.span_ids import is_v2, to_v1, to_v2
 
 PARTS_SUFFIX = ".parts"
 """A writer's part files live in ``<path>.parts/`` until they are merged into ``<path>``."""
@@ -59,6 +59,21 @@ def as_stored(table: pa.Table) -> tuple[pa.Table, dict]:
     (version 1, which a file may hold forever)."""
     stored = to_v2(table)
     return (table, WRITE_OPTIONS) if stored is None else (stored, WRITE_OPTIONS_V2)
+
+
+def write_options(schema: pa.Schema) -> dict:
+    """The options to write a table of ``schema``'s layout with (`as_stored`)."""
+    return WRITE_OPTIONS_V2 if is_v2(schema) else WRITE_OPTIONS
+
+
+def joined_layout(files: list[Path], v2: bool = True
+                  ) -> tuple[pa.Schema, Callable[[pa.Table], pa.Table]]:
+    """How files `as_stored` wrote join into one: the joined file's schema (no metadata)
+    and what each of their tables becomes in it. Ids as bytes when every file holds them
+    so and ``v2`` (whatever else joins them can be), else as text throughout."""
+    if v2 and all(is_v2(pq.read_schema(f)) for f in files):
+        return SPAN_SCHEMA_V2, lambda table: table
+    return SPAN_SCHEMA, to_v1
 
 
 _PART_RE = re.compile(r"^part-(\d+)\.parquet$")

@@ -25,10 +25,9 @@ from ttft.collectors._log import (
 )
 from ttft.collectors._spans import to_span_table
 from ttft.collectors.layout import (
-    WRITE_OPTIONS,
-    WRITE_OPTIONS_V2,
     discard,
     fsync,
+    joined_layout,
     log_files,
     log_name,
     part_files,
@@ -36,8 +35,9 @@ from ttft.collectors.layout import (
     replace_bytes,
     uncovered_logs,
     write_atomic,
+    write_options,
 )
-from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA, SPAN_SCHEMA_V2
+from ttft.tracer.schema import METADATA_KEY, SCHEMA_VERSION, SPAN_SCHEMA
 from ttft.tracer.span_ids import is_v2, to_v1, to_v2
 
 __all__ = ["TraceWriter", "replace_bytes", "write_trace"]  # replace_bytes: for small files
@@ -387,23 +387,18 @@ class TraceWriter:
         parts = part_files(self.parts_dir)
         logged = [to_span_table(read_log(segment).table)  # parts that failed: few rows
                   for _, segment in uncovered_logs(self.parts_dir)]
-        # The ids as bytes (schema version 2) when every part holds them so and every
-        # logged row can (`as_stored` wrote each part), else as text throughout.
-        stored = [to_v2(rows) for rows in logged]
-        v2 = (all(is_v2(pq.read_schema(part)) for part in parts)
-              and all(rows is not None for rows in stored))
-        schema = (SPAN_SCHEMA_V2 if v2 else SPAN_SCHEMA).with_metadata(
-            {METADATA_KEY: self._metadata_json()})
-        layout = (lambda t: t) if v2 else to_v1
+        stored = [to_v2(rows) for rows in logged]  # None: a row whose ids need text
+        schema, layout = joined_layout(parts, all(rows is not None for rows in stored))
+        as_bytes = is_v2(schema)
+        schema = schema.with_metadata({METADATA_KEY: self._metadata_json()})
         try:
-            with pq.ParquetWriter(tmp, schema, **(WRITE_OPTIONS_V2 if v2 else WRITE_OPTIONS)
-                                  ) as sink:
+            with pq.ParquetWriter(tmp, schema, **write_options(schema)) as sink:
                 for part in parts:
                     with pq.ParquetFile(part) as source:
                         for group in range(source.num_row_groups):
                             table = layout(source.read_row_group(group))
                             sink.write_table(table.replace_schema_metadata(None))
-                for rows in (stored if v2 else logged):
+                for rows in (stored if as_bytes else logged):
                     sink.write_table(rows.replace_schema_metadata(None))
             fsync(tmp)
             os.replace(tmp, self.path)

@@ -114,7 +114,8 @@ def _hex_pairs() -> np.ndarray:
             | (np.frombuffer(text, np.uint8)[values & 15].astype(np.uint16) << 8))
 
 
-def _validity(arr: pa.Array) -> np.ndarray:
+def validity(arr: pa.Array) -> np.ndarray:
+    """One chunk's non-null mask, from its validity bitmap."""
     import numpy as np
 
     if not arr.null_count:
@@ -136,7 +137,7 @@ def _unhexed(arr: pa.Array, width: int, nullable: bool) -> pa.Array | None:
     n = len(arr)
     if n == 0:
         return pa.array([], pa.binary(width))
-    valid = _validity(arr)
+    valid = validity(arr)
     if not nullable and not valid.all():
         return None
     offsets = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset : arr.offset + n + 1]
@@ -189,7 +190,7 @@ def hex_text(arr: pa.Array) -> pa.Array:
     if n * 2 * width > _MOST_TEXT:
         raise ValueError(f"{n:,} ids are more text than one string array holds; "
                          "hex_texts cuts them into chunks")
-    present = _validity(arr)
+    present = validity(arr)
     data = arr.buffers()[1]
     raw = np.frombuffer(data, np.uint8)[arr.offset * width : (arr.offset + n) * width]
     text = _hex_pairs()[raw.reshape(n, width)[present]].view(np.uint8).reshape(-1)
