@@ -5,7 +5,8 @@
 Generates a synthetic trace (``ttft.collectors.synthetic``), writes it to a temporary
 Parquet file (schema version 2: ids as bytes), and in a fresh process reads it back as the
 analysis does and times ``assemble`` + ``attribute`` for each policy, recording the peak
-resident memory above the loaded input table (VmHWM reset through /proc/self/clear_refs);
+resident memory above the loaded input table (VmHWM reset through /proc/self/clear_refs;
+Arrow's pool chosen as a ``ttft`` command's process chooses it, ``reports/arrow_pool.py``);
 the exclusive policy once more on the same rows with their ids as text (version 1, what
 files written before version 2 hold), side by side. The plain sweep does the same job one request
 at a time in Python (group rows, join GPU spans by step id, build the tree, call
@@ -264,6 +265,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) in (4, 5) and sys.argv[1] == CHILD:
+        from ttft.reports import arrow_pool
+
+        arrow_pool.choose_for_command()  # the child is measured as a command's process is
         child(*sys.argv[2:])
     else:
         main()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ttft.reports import arrow_pool
 from ttft.reports.cli._app import app
 
 __all__ = ["app", "main"]
@@ -21,6 +22,8 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: the process's Arrow pool chosen (``reports.arrow_pool``,
+    before any command imports pyarrow), then the command."""
+    arrow_pool.choose_for_command()
     app()
 

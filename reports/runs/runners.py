@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Union
 
 from ttft.collectors.location import TraceLocation
+from ttft.reports import arrow_pool
 
 __all__ = ["INSTALL_HINT", "WORKER_ENVIRON", "DaskMissing", "InProcess", "OnDask", "Piece",
            "Runner", "local_cluster", "runner"]
@@ -151,13 +152,18 @@ def local_cluster(workers: int, **options: Any) -> Any:
     A nanny writes its pre-spawn environment into this process's own ``os.environ``
     before it spawns, so any cluster started here before (with Dask's defaults) would
     hand ``MALLOC_TRIM_THRESHOLD_`` on to these workers: what `WORKER_ENVIRON` unsets is
-    out of ``os.environ`` while they start, and put back after."""
+    out of ``os.environ`` while they start, and put back after. So is the Arrow pool a
+    command chose for its own process (``reports.arrow_pool``): a worker keeps Arrow's
+    default, which it reuses better."""
     import dask
     from distributed import LocalCluster
 
+    wanted = dict(WORKER_ENVIRON)
+    if arrow_pool.chosen_here():
+        wanted[arrow_pool.VARIABLE] = None
     environ = {f"distributed.nanny.pre-spawn-environ.{name}": value
-               for name, value in WORKER_ENVIRON.items()}
-    held = {name: os.environ.pop(name) for name, value in WORKER_ENVIRON.items()
+               for name, value in wanted.items()}
+    held = {name: os.environ.pop(name) for name, value in wanted.items()
             if value is None and name in os.environ}
     try:
         with dask.config.set(environ):  # the nannies read it as they are made

@@ -191,3 +191,31 @@ def test_a_local_cluster_s_workers_keep_glibc_s_own_mmap_threshold(monkeypatch):
     with local_cluster(1, dashboard_address=None) as ours, Client(ours) as client:
         assert list(client.run(environ).values()) == [None]
     assert environ() == "65536"
+
+
+def test_a_local_cluster_s_workers_keep_arrow_s_default_pool(monkeypatch):
+    """The Arrow pool a command chose for its own process (``reports.arrow_pool``) is not
+    handed to the workers of a cluster it starts: a worker reuses Arrow's default better
+    (docs/architecture.md, "Arrow's memory pool"); the command's own setting stays."""
+    import os
+
+    from distributed import Client
+
+    from ttft.reports import arrow_pool
+    from ttft.reports.runs.runners import local_cluster
+
+    def pool() -> tuple[str | None, str]:
+        import pyarrow as pa
+
+        return os.environ.get(arrow_pool.VARIABLE), pa.default_memory_pool().backend_name
+
+    monkeypatch.setenv(arrow_pool.VARIABLE, arrow_pool.COMMAND_POOL)
+    monkeypatch.setattr(arrow_pool, "_chosen", True)
+    with local_cluster(1, dashboard_address=None) as ours, Client(ours) as client:
+        ((variable, backend),) = client.run(pool).values()
+    assert variable is None and backend != "system"
+    assert os.environ[arrow_pool.VARIABLE] == arrow_pool.COMMAND_POOL
+
+    monkeypatch.setattr(arrow_pool, "_chosen", False)  # the user's own choice: kept
+    with local_cluster(1, dashboard_address=None) as ours, Client(ours) as client:
+        assert list(client.run(pool).values()) == [("system", "system")]
