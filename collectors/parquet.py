@@ -106,13 +106,19 @@ class _Budget:
 
 _ATTEMPTS = 3  # looks at a run whose files keep vanishing under a live writer
 
+READ_BATCH_BYTES = 128 << 20
+"""About the most a batch decodes to when a whole trace is read (`read_parquet`, `_batches`):
+a trace's spans decode to about 100 bytes each, so its 1M-row groups are read whole."""
+
 
 def _read_tables(path: str | os.PathLike[str], batch_rows: int, inputs: list[dict] | None = None,
-                 runs: list[bytes] | None = None) -> Iterator[tuple[pa.Table, bytes]]:
+                 runs: list[bytes] | None = None, batch_bytes: int | None = None
+                 ) -> Iterator[tuple[pa.Table, bytes]]:
     """Checked tables of a trace, each with its file's raw run metadata (an empty table for
     a file without rows). A bad row is reported by its number within its file. With
     ``inputs``, one entry per run read is appended to it (see :func:`read_parquet`); with
-    ``runs``, each run's raw metadata (its newest).
+    ``runs``, each run's raw metadata (its newest); ``batch_rows`` and ``batch_bytes`` as
+    `_batches` takes them.
 
     A finished run is read lazily; an unfinished one (a live or killed writer's parts and
     log) whole, and looked at again if a file vanishes meanwhile (its part was written, or
@@ -122,7 +128,7 @@ def _read_tables(path: str | os.PathLike[str], batch_rows: int, inputs: list[dic
         if run.finished:
             count = 0
             try:
-                for table, raw in _file_tables(run.parts[0], batch_rows, budget):
+                for table, raw in _file_tables(run.parts[0], batch_rows, budget, batch_bytes):
                     count += table.num_rows
                     yield table, raw
             except FileNotFoundError:
@@ -180,12 +186,12 @@ def _unfinished_tables(run: Run, batch_rows: int, budget: _Budget
                     "torn_bytes": torn, "spans": sum(t.num_rows for t, _ in tables)}
 
 
-def _file_tables(file: Path, batch_rows: int, budget: _Budget
+def _file_tables(file: Path, batch_rows: int, budget: _Budget, batch_bytes: int | None = None
                  ) -> Iterator[tuple[pa.Table, bytes]]:
     source, raw = _open_checked(file)
     budget.disk_bytes += file.stat().st_size
     with source:
-        batches = _batches(source, batch_rows)
+        batches = _batches(source, batch_rows, batch_bytes)
         offset = 0
         while True:
             try:
@@ -207,13 +213,25 @@ def _file_tables(file: Path, batch_rows: int, budget: _Budget
             offset += batch.num_rows
 
 
-def _batches(source: pq.ParquetFile, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """A file's batches, one row group's reader at a time: one reader over the whole file
-    held 573 MB of Arrow memory by the end of a 23.8M-row file of 1M-row groups, against
-    70-84 MB read group by group (the most one group needs)."""
+def _batches(source: pq.ParquetFile, batch_rows: int, batch_bytes: int | None = None
+             ) -> Iterator[pa.RecordBatch]:
+    """A file's batches of ``batch_rows`` rows, one row group's reader at a time: one reader
+    over the whole file held 573 MB of Arrow memory by the end of a 23.8M-row file of
+    1M-row groups, against 70-84 MB read group by group (the most one group needs).
+
+    With ``batch_bytes``, a row group after the first is read in batches of as many rows
+    as ``batch_bytes`` hold at the bytes a row decoded to so far (never fewer than
+    ``batch_rows``): a whole table read at once (`read_parquet`) is read in a few large
+    batches (23.8M spans: 24 batches, not 364; 0.6 s less), while a file whose rows decode
+    large (a compression bomb) is still read, and refused, a small batch at a time."""
+    rows, decoded, seen = batch_rows, 0, 0
     for group in range(source.metadata.num_row_groups):
-        yield from source.iter_batches(batch_size=batch_rows, row_groups=[group],
-                                       columns=list(COLUMNS))
+        for batch in source.iter_batches(batch_size=rows, row_groups=[group],
+                                         columns=list(COLUMNS)):
+            decoded, seen = decoded + batch.nbytes, seen + batch.num_rows
+            yield batch
+        if batch_bytes is not None and seen:
+            rows = max(batch_rows, batch_bytes * seen // max(decoded, 1))
 
 
 def _newest_with_counts(runs: list[bytes]) -> bytes:
@@ -251,7 +269,8 @@ def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
     """
     inputs: list[dict[str, Any]] = []
     runs: list[bytes] = []
-    read = list(_read_tables(path, batch_rows=65_536, inputs=inputs, runs=runs))
+    read = list(_read_tables(path, batch_rows=65_536, inputs=inputs, runs=runs,
+                             batch_bytes=READ_BATCH_BYTES))
     table = pa.concat_tables(same_layout([table for table, _ in read]))
     metadata = {METADATA_KEY: _newest_with_counts(runs) if len(runs) > 1 else read[-1][1]}
     if Path(path).is_dir() or not inputs[0]["state"] == "finished":

@@ -346,3 +346,43 @@ def test_an_initial_part_makes_a_trace_readable_before_the_first_flush(tmp_path)
     assert sorted(p.name for p in parts.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
     writer.close()
     assert read_spans(path).to_pylist() == rows(0, 3)
+
+
+def _groups_file(path: Path, groups: int, rows_each: int) -> pa.Table:
+    import pyarrow.compute as pc
+
+    n = groups * rows_each
+    i = pa.array(range(n), pa.int64())
+    hex32 = pc.utf8_lpad(pc.cast(i, pa.string()), 32, "0")
+    table = pa.table({
+        "trace_id": hex32, "span_id": pc.utf8_slice_codeunits(hex32, 16),
+        "parent_id": pa.nulls(n, pa.string()), "request_id": pa.nulls(n, pa.string()),
+        "name": pa.array(["span"] * n), "stage": pa.array(["queue"] * n).dictionary_encode(),
+        "start_ns": i, "end_ns": pc.add(i, 1),
+        "clock": pa.array(["host:a"] * n).dictionary_encode(),
+        "service": pa.array(["engine"] * n).dictionary_encode(),
+        "attributes": pa.array(['{"i":1}'] * n)})
+    metadata = {METADATA_KEY: json.dumps({"schema_version": SCHEMA_VERSION}).encode()}
+    pq.write_table(table.replace_schema_metadata(metadata), path, row_group_size=rows_each)
+    return table
+
+
+@pytest.mark.parametrize("batch_bytes, later", [
+    (None, [65_536, 4_464]), (1 << 10, [65_536, 4_464]), (128 << 20, [70_000])])
+def test_a_whole_trace_is_read_in_batches_as_large_as_its_rows_allow(tmp_path, monkeypatch,
+                                                                     batch_bytes, later):
+    """``read_spans`` reads a file's first row group in batches of 65,536 rows, then each
+    later group in batches of as many rows as ``READ_BATCH_BYTES`` holds at the bytes its
+    rows decoded to so far (a trace's ~100-byte spans: the whole group), never fewer than
+    65,536; the rows are the file's either way. A lazy read keeps the rows it was asked."""
+    from ttft.collectors import parquet
+
+    monkeypatch.setattr(parquet, "READ_BATCH_BYTES", batch_bytes)
+    path = tmp_path / "groups.parquet"
+    table = _groups_file(path, 3, 70_000)
+    back = read_spans(path)
+    assert [len(c) for c in back.column("start_ns").chunks] == [65_536, 4_464] + later * 2
+    assert back.column("start_ns").to_pylist() == table.column("start_ns").to_pylist()
+    assert back.column("trace_id").to_pylist() == table.column("trace_id").to_pylist()
+    assert [b.num_rows for b in iter_batches(path, batch_rows=50_000)] == [
+        50_000, 20_000] * 3
