@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ttft.analysis._column_arrays import by_chunk, one_array
+from ttft.analysis._column_arrays import by_chunk, compiled, one_array
 from ttft.tracer.span_ids import SPAN_BYTES, hex_texts, hex_words, validity
 
 
@@ -138,26 +138,51 @@ def _fixed_ids(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None] | None:
 
 
 def _binary_words(col: pa.ChunkedArray, rows: np.ndarray | None) -> Words:
-    """`id_words` of 8-byte ids at ``rows``: the bytes gathered at the rows first, then
-    turned into the words of their lowercase hex text (``tracer.span_ids.hex_words``), the
-    words a version-1 column of the same ids gives, so both layouts give one answer. A
-    null names no span."""
+    """`id_words` of 8-byte ids at ``rows``: the words of their lowercase hex text
+    (``tracer.span_ids.hex_words``), the words a version-1 column of the same ids gives,
+    so both layouts give one answer. A null names no span. From the kernels' threshold
+    (``_column_arrays.compiled``) one compiled pass reads them (`_compiled_words`); below
+    it, each chunk's bytes are gathered at its rows and looked up."""
     if col.type.byte_width != SPAN_BYTES:  # not span ids: ranked as their text is
         return id_words((pa.chunked_array(hex_texts(col), pa.string()),
                          rows))[0]
+
+    if compiled(len(col) if rows is None else len(rows)):
+        return _compiled_words(col, rows)
 
     def read(i: int, local: np.ndarray) -> Words:
         chunk, k = col.chunks[i], len(local)
         high, low = np.zeros(k, np.uint64), np.zeros(k, np.uint64)
         ok = validity(chunk)[local]
         if ok.any():
-            raw = np.frombuffer(chunk.buffers()[1], np.uint8)[
-                chunk.offset * SPAN_BYTES : (chunk.offset + len(chunk)) * SPAN_BYTES]
-            words = hex_words(raw.reshape(-1, SPAN_BYTES)[local[ok]])
+            words = hex_words(_chunk_bytes(chunk)[local[ok]])
             high[ok], low[ok] = words[:, 0], words[:, 1]
         return high, low, ok
 
     return _chunk_words([len(c) for c in col.chunks], rows, read)
+
+
+def _chunk_bytes(chunk: pa.Array) -> np.ndarray:
+    """One chunk of 8-byte ids as its ``(n, 8)`` bytes (a view; zeros where it holds none)."""
+    data = chunk.buffers()[1]
+    if data is None:  # every id null
+        return np.zeros((len(chunk), SPAN_BYTES), np.uint8)
+    return np.frombuffer(data, np.uint8)[
+        chunk.offset * SPAN_BYTES : (chunk.offset + len(chunk)) * SPAN_BYTES
+    ].reshape(-1, SPAN_BYTES)
+
+
+def _compiled_words(col: pa.ChunkedArray, rows: np.ndarray | None) -> Words:
+    """`_binary_words` by one compiled pass over each chunk's share of the rows
+    (``_kernels.hex_id_words``), written in place: no gathers of bytes or digits."""
+    from ttft.analysis._kernels import hex_id_words  # numba: only analysis needs it
+
+    def fill(i: int, local: np.ndarray, high: np.ndarray, low: np.ndarray,
+             ok: np.ndarray) -> None:
+        chunk = col.chunks[i]
+        hex_id_words(_chunk_bytes(chunk), validity(chunk), local, high, low, ok)
+
+    return _chunk_words([len(c) for c in col.chunks], rows, fill=fill)
 
 
 def _gather_words(fixed: list[tuple[np.ndarray, np.ndarray | None]], lengths: list[int],
@@ -180,10 +205,13 @@ def _gather_words(fixed: list[tuple[np.ndarray, np.ndarray | None]], lengths: li
 
 
 def _chunk_words(lengths: list[int], rows: np.ndarray | None,
-                 read: Callable[[int, np.ndarray], Words]) -> Words:
+                 read: Callable[[int, np.ndarray], Words] | None = None,
+                 fill: Callable[..., None] | None = None) -> Words:
     """Words at ``rows`` (in any order; None for all) of a column whose chunks have
     ``lengths``: the rows sorted once (when they are not), split at the chunk bounds, each
-    chunk's share read by ``read(chunk index, rows within it)``, then put back in order."""
+    chunk's share read by ``read(chunk index, rows within it)`` (or written in place by
+    ``fill(chunk index, rows within it, high, low, present)``, given the slices of the
+    result), then put back in order."""
     if rows is None:
         rows = np.arange(sum(lengths))
     rows = np.asarray(rows, dtype=np.int64)
@@ -195,7 +223,10 @@ def _chunk_words(lengths: list[int], rows: np.ndarray | None,
     low = np.zeros(len(rows), np.uint64)
     present = np.zeros(len(rows), bool)
     for i, a, b, local in by_chunk(lengths, rows):
-        high[a:b], low[a:b], present[a:b] = read(i, local)
+        if fill is not None:
+            fill(i, local, high[a:b], low[a:b], present[a:b])
+        else:
+            high[a:b], low[a:b], present[a:b] = read(i, local)
     if perm is None:
         return high, low, present
     back = np.empty_like(perm)

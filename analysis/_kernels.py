@@ -330,3 +330,40 @@ def first_of_keys(kt, kh, kl, qt, qh, ql, out) -> None:
                 out[i] = at
                 break
             s = (s + 1) & (size - 1)
+
+
+@njit(cache=True, nogil=True)
+def _hex_digit(nibble: np.uint64) -> np.uint64:
+    """The lowercase hex digit of ``nibble`` as its ASCII code."""
+    return nibble + np.uint64(48) if nibble < np.uint64(10) else nibble + np.uint64(87)
+
+
+@njit(cache=True, nogil=True)
+def _hex_word(raw: np.ndarray, r: int, first: int) -> np.uint64:
+    """The big-endian uint64 of the 8 lowercase hex digits of bytes ``first .. first+3`` of
+    row ``r`` of ``raw``."""
+    word = np.uint64(0)
+    eight, four, low = np.uint64(8), np.uint64(4), np.uint64(15)
+    for j in range(first, first + 4):
+        b = np.uint64(raw[r, j])
+        word = (word << eight) | _hex_digit(b >> four)
+        word = (word << eight) | _hex_digit(b & low)
+    return word
+
+
+@njit(cache=True, nogil=True)
+def hex_id_words(raw, valid, rows, high, low, ok) -> None:
+    """``tracer.span_ids.hex_words`` of the 8-byte ids at ``rows`` (in any order) of one
+    chunk (``raw`` its ``(n, 8)`` bytes, ``valid`` its rows' validity) into ``high``,
+    ``low`` and ``ok``: the two big-endian words of each id's 16-digit lowercase hex text;
+    0, 0 and False for a null."""
+    for i in range(len(rows)):
+        r = rows[i]
+        if valid[r]:
+            high[i] = _hex_word(raw, r, 0)
+            low[i] = _hex_word(raw, r, 4)
+            ok[i] = True
+        else:
+            high[i] = np.uint64(0)
+            low[i] = np.uint64(0)
+            ok[i] = False

@@ -88,10 +88,36 @@ def test_trace_codes_and_id_words_are_those_of_the_text(rows, chunk, data):
     assert got[0].tolist() == want[0].tolist() and got[1] == want[1]
     picks = data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n))
     rows_ = np.asarray(picks, np.int64)
-    for a, b in zip(id_words((stored.column("span_id"), rows_), (stored.column("parent_id"), None)),
-                    id_words((table.column("span_id"), rows_), (table.column("parent_id"), None)),
-                    strict=True):
-        assert [x.tolist() for x in a] == [x.tolist() for x in b]
+    want_words = id_words((table.column("span_id"), rows_), (table.column("parent_id"), None))
+    for kernel_rows in (col.KERNEL_ROWS, 1):  # numpy's gathers, then the compiled pass
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(col, "KERNEL_ROWS", kernel_rows)
+            got_words = id_words((stored.column("span_id"), rows_),
+                                 (stored.column("parent_id"), None))
+        for a, b in zip(got_words, want_words, strict=True):
+            assert [x.tolist() for x in a] == [x.tolist() for x in b], kernel_rows
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.binary(min_size=0, max_size=8 * 40), st.data())
+def test_the_compiled_hex_words_are_numpy_s(raw, data):
+    """``_kernels.hex_id_words`` gives ``span_ids.hex_words`` of every valid row picked,
+    in any order, and zeros for a null."""
+    from ttft.analysis._kernels import hex_id_words
+    from ttft.tracer.span_ids import hex_words
+
+    ids = np.frombuffer(raw[: len(raw) // 8 * 8], np.uint8).reshape(-1, 8)
+    n = len(ids)
+    valid = np.asarray(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool)
+    rows = np.asarray(data.draw(st.lists(st.integers(0, max(n - 1, 0)),
+                                         max_size=2 * n if n else 0)), np.int64)
+    high, low = np.ones(len(rows), np.uint64), np.ones(len(rows), np.uint64)
+    ok = np.zeros(len(rows), bool)
+    hex_id_words(ids, valid, rows, high, low, ok)
+    want = hex_words(ids[rows]) if len(rows) else np.zeros((0, 2), np.uint64)
+    assert ok.tolist() == valid[rows].tolist()
+    assert high.tolist() == np.where(ok, want[:, 0], 0).tolist()
+    assert low.tolist() == np.where(ok, want[:, 1], 0).tolist()
 
 
 def test_a_dictionary_that_names_a_trace_twice_is_one_trace():
