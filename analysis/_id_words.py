@@ -141,25 +141,29 @@ def _binary_words(col: pa.ChunkedArray, rows: np.ndarray | None) -> Words:
     """`id_words` of 8-byte ids at ``rows``: the words of their lowercase hex text
     (``tracer.span_ids.hex_words``), the words a version-1 column of the same ids gives,
     so both layouts give one answer. A null names no span. From the kernels' threshold
-    (``_column_arrays.compiled``) one compiled pass reads them (`_compiled_words`); below
-    it, each chunk's bytes are gathered at its rows and looked up."""
+    (``_column_arrays.compiled``) one compiled pass reads them (``_kernels.hex_id_words``);
+    below it, each chunk's bytes are gathered at its rows and looked up."""
     if col.type.byte_width != SPAN_BYTES:  # not span ids: ranked as their text is
         return id_words((pa.chunked_array(hex_texts(col), pa.string()),
                          rows))[0]
 
-    if compiled(len(col) if rows is None else len(rows)):
-        return _compiled_words(col, rows)
+    kernel = compiled(len(col) if rows is None else len(rows))
+    if kernel:
+        from ttft.analysis._kernels import hex_id_words  # numba: only analysis needs it
 
-    def read(i: int, local: np.ndarray) -> Words:
-        chunk, k = col.chunks[i], len(local)
-        high, low = np.zeros(k, np.uint64), np.zeros(k, np.uint64)
-        ok = validity(chunk)[local]
+    def fill(i: int, local: np.ndarray, high: np.ndarray, low: np.ndarray,
+             ok: np.ndarray) -> None:
+        chunk = col.chunks[i]
+        raw, valid = _chunk_bytes(chunk), validity(chunk)
+        if kernel:  # one compiled pass, in place: no gathers of bytes or digits
+            hex_id_words(raw, valid, local, high, low, ok)
+            return
+        ok[:] = valid[local]
         if ok.any():
-            words = hex_words(_chunk_bytes(chunk)[local[ok]])
+            words = hex_words(raw[local[ok]])
             high[ok], low[ok] = words[:, 0], words[:, 1]
-        return high, low, ok
 
-    return _chunk_words([len(c) for c in col.chunks], rows, read)
+    return _chunk_words([len(c) for c in col.chunks], rows, fill)
 
 
 def _chunk_bytes(chunk: pa.Array) -> np.ndarray:
@@ -172,46 +176,33 @@ def _chunk_bytes(chunk: pa.Array) -> np.ndarray:
     ].reshape(-1, SPAN_BYTES)
 
 
-def _compiled_words(col: pa.ChunkedArray, rows: np.ndarray | None) -> Words:
-    """`_binary_words` by one compiled pass over each chunk's share of the rows
-    (``_kernels.hex_id_words``), written in place: no gathers of bytes or digits."""
-    from ttft.analysis._kernels import hex_id_words  # numba: only analysis needs it
-
-    def fill(i: int, local: np.ndarray, high: np.ndarray, low: np.ndarray,
-             ok: np.ndarray) -> None:
-        chunk = col.chunks[i]
-        hex_id_words(_chunk_bytes(chunk), validity(chunk), local, high, low, ok)
-
-    return _chunk_words([len(c) for c in col.chunks], rows, fill=fill)
-
-
 def _gather_words(fixed: list[tuple[np.ndarray, np.ndarray | None]], lengths: list[int],
                   rows: np.ndarray | None) -> Words:
     """`id_words` of one column from its chunks' `_fixed_ids`, chunk by chunk."""
 
-    def read(i: int, local: np.ndarray) -> Words:
+    def fill(i: int, local: np.ndarray, high: np.ndarray, low: np.ndarray,
+             ok: np.ndarray) -> None:
         words, place = fixed[i]
         if place is None:
             picked = words[local]
-            return picked[:, 0], picked[:, 1], np.ones(len(local), bool)
+            high[:], low[:], ok[:] = picked[:, 0], picked[:, 1], True
+            return
         at = place[local]
-        ok = at >= 0
-        if not len(words):
-            return np.zeros(len(local), np.uint64), np.zeros(len(local), np.uint64), ok
-        picked = words[at]
-        return np.where(ok, picked[:, 0], 0), np.where(ok, picked[:, 1], 0), ok
+        ok[:] = at >= 0
+        if len(words):
+            picked = words[at]
+            high[:], low[:] = np.where(ok, picked[:, 0], 0), np.where(ok, picked[:, 1], 0)
 
-    return _chunk_words(lengths, rows, read)
+    return _chunk_words(lengths, rows, fill)
 
 
 def _chunk_words(lengths: list[int], rows: np.ndarray | None,
-                 read: Callable[[int, np.ndarray], Words] | None = None,
-                 fill: Callable[..., None] | None = None) -> Words:
+                 fill: Callable[[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+                 ) -> Words:
     """Words at ``rows`` (in any order; None for all) of a column whose chunks have
     ``lengths``: the rows sorted once (when they are not), split at the chunk bounds, each
-    chunk's share read by ``read(chunk index, rows within it)`` (or written in place by
-    ``fill(chunk index, rows within it, high, low, present)``, given the slices of the
-    result), then put back in order."""
+    chunk's share written by ``fill(chunk index, rows within it, high, low, present)``
+    into the result's slices (zeros and False until then), then put back in order."""
     if rows is None:
         rows = np.arange(sum(lengths))
     rows = np.asarray(rows, dtype=np.int64)
@@ -223,10 +214,7 @@ def _chunk_words(lengths: list[int], rows: np.ndarray | None,
     low = np.zeros(len(rows), np.uint64)
     present = np.zeros(len(rows), bool)
     for i, a, b, local in by_chunk(lengths, rows):
-        if fill is not None:
-            fill(i, local, high[a:b], low[a:b], present[a:b])
-        else:
-            high[a:b], low[a:b], present[a:b] = read(i, local)
+        fill(i, local, high[a:b], low[a:b], present[a:b])
     if perm is None:
         return high, low, present
     back = np.empty_like(perm)
