@@ -71,7 +71,9 @@ class Attribution:
     ``condition``, ``a_ns``, ``ttft_ns``, and ``request``: the request's row in
     ``Assembly.requests``, the index ``Assembly.rows.req`` uses); ``attributed``, ``covered``
     and ``raw`` are int64 ns, one row per request of ``requests`` and one column per stage
-    name. ``attributed`` rows sum exactly to ``ttft_ns``. Only requests that did not fail
+    name (``covered`` is ``raw`` itself, one frame, where every value of the two is equal:
+    no stage's spans overlap each other; frames are read, never written). ``attributed``
+    rows sum exactly to ``ttft_ns``. Only requests that did not fail
     are attributed; ``failed`` holds the others (`FAILED_COLUMNS`: ``ttft_ns`` is their
     window at this boundary when they saw a first token, else -1).
     """
@@ -171,11 +173,14 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     for key in ("cov", "raw"):
         out[key][:, _DERIVED] = out["att"][:, _DERIVED]
     whole = len(keep) == n_req  # the usual case: the arrays become the frames, uncopied
+    if np.array_equal(out["cov"], out["raw"]):  # no stage's spans overlap each other: one
+        del out["cov"]  # frame for both, so a part is a third smaller to send and to hold
     frames = {
         key: pd.DataFrame(value if whole else value[keep], columns=list(STAGE_NAMES),
                           copy=False)
         for key, value in out.items()
     }
+    frames.setdefault("cov", frames["raw"])
     requests = reqs.iloc[keep][["trace_id", "request_id", "condition"]].reset_index(drop=True)
     requests["a_ns"] = a[keep]
     requests["ttft_ns"] = b[keep] - a[keep]

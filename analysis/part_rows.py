@@ -65,6 +65,9 @@ class PartRows:
                     and all(dtype == np.int64 for dtype in frame.dtypes)):
                 matrices[name] = [matrix, frame.columns.name, frame.columns.tolist()]
                 del frames[name]
+        if attr.covered is attr.raw and "raw" in matrices:  # one frame (``Attribution``)
+            matrices["covered"] = matrices["raw"]
+            del frames["covered"]
         for name, frame in frames.items():
             feather.write_feather(frame, os.path.join(directory, f"{name}.arrow"),
                                   compression="uncompressed")
@@ -76,8 +79,10 @@ class PartRows:
 
     @staticmethod
     def nbytes(rows: PartRows) -> int:
-        """What the part takes in memory: its frames (strings counted deep) and arrays."""
-        frames = [getattr(rows.attribution, name) for name in FRAMES]
+        """What the part takes in memory: its frames (strings counted deep; a frame that
+        is two of them, ``covered`` as ``raw``, once) and arrays."""
+        frames = list({id(f): f for f in (getattr(rows.attribution, name)
+                                          for name in FRAMES)}.values())
         frames += [rows.values.transfers] + ([] if rows.chunks is None else [rows.chunks])
         arrays = [*rows.values.after_first_token.values(), *rows.values.load.values()]
         return (sum(int(f.memory_usage(index=True, deep=True).sum()) for f in frames)
@@ -192,6 +197,9 @@ class _SavedAttribution(_Saved, Attribution):
         self.quality = Quality()
 
     def _read(self, name: str) -> pd.DataFrame:
+        if name == "covered" and "raw" in self._matrices \
+                and self._matrices.get(name) == self._matrices["raw"]:
+            return self.raw  # saved as one frame, read as one
         if name in self._matrices:  # saved as its matrix (`PartRows.save`)
             matrix, columns_name, columns = self._matrices[name]
             values = np.load(os.path.join(self._directory, f"{matrix}.npy"), allow_pickle=False)

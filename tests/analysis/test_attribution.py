@@ -514,3 +514,15 @@ def test_a_request_of_twenty_thousand_spans_is_attributed_exactly():
     got = {k: int(v) for k, v in result.attributed.iloc[0].items() if v}
     assert got == {"queue": 3 * n, "server": 10 * n - 2 - 1 - 3 * n, "network": 2}
     assert int(result.covered.iloc[0]["queue"]) == int(result.raw.iloc[0]["queue"]) == 3 * n
+
+
+def test_covered_is_raw_itself_only_where_every_value_is_equal():
+    """Where no stage's spans overlap each other, ``covered`` and ``raw`` are one frame (a
+    part a third smaller to send and hold); two overlapping queue spans make them differ,
+    and then they are two frames with the union and the sum."""
+    same = attribute(assemble(table(one_request())), "client", "exclusive")
+    assert same.covered is same.raw
+    rows = one_request() + [row(1, 14, "queue", 30, 45, parent=3)]
+    apart = attribute(assemble(table(rows)), "client", "exclusive")
+    assert apart.covered is not apart.raw
+    assert (int(apart.raw.iloc[0]["queue"]), int(apart.covered.iloc[0]["queue"])) == (30, 20)

@@ -641,8 +641,9 @@ def test_spilled_part_rows_come_back_frame_for_frame(tmp_path):
 
     part = analyze_part(synthetic())
     attr, values = part.attribution, part.values
+    assert attr.covered is attr.raw  # one frame, saved once (as raw's matrix)
     odd = replace(attr, raw=attr.raw.set_axis(attr.raw.index + 7))
-    for k, (mine, rebuilt) in enumerate([(attr, {"attributed", "raw"}),
+    for k, (mine, rebuilt) in enumerate([(attr, {"attributed", "raw", "covered"}),
                                          (odd, {"attributed"})]):
         directory = tmp_path / str(k)
         directory.mkdir()
@@ -658,3 +659,4 @@ def test_spilled_part_rows_come_back_frame_for_frame(tmp_path):
             pd.testing.assert_frame_equal(getattr(back.attribution, name), getattr(mine, name),
                                           check_exact=True)
         pd.testing.assert_frame_equal(back.values.transfers, values.transfers)
+        assert (back.attribution.covered is back.attribution.raw) == (mine.covered is mine.raw)
