@@ -304,10 +304,14 @@ class PartHeader:
 def _stacked_frames(attrs: Sequence[Attribution], counts: Sequence[int]
                     ) -> dict[str, pd.DataFrame]:
     """The parts' per-request frames stacked in order, ``request`` moved past the parts
-    before (``counts``: their requests)."""
-    return {frame: stack_frames([getattr(a, frame) for a in attrs],
-                                counts if frame in ("requests", "failed") else None)
-            for frame in FRAMES}
+    before (``counts``: their requests); ``covered`` is the stacked ``raw`` itself where
+    every part's is its ``raw`` (one frame, as ``Attribution`` says), not stacked again."""
+    shared = all(a.covered is a.raw for a in attrs)
+    frames = {frame: stack_frames([getattr(a, frame) for a in attrs],
+                                  counts if frame in ("requests", "failed") else None)
+              for frame in FRAMES if not (shared and frame == "covered")}
+    frames.setdefault("covered", frames["raw"])
+    return frames
 
 
 class StackedAttribution(Attribution):

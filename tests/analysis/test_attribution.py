@@ -526,3 +526,19 @@ def test_covered_is_raw_itself_only_where_every_value_is_equal():
     apart = attribute(assemble(table(rows)), "client", "exclusive")
     assert apart.covered is not apart.raw
     assert (int(apart.raw.iloc[0]["queue"]), int(apart.covered.iloc[0]["queue"])) == (30, 20)
+
+
+def test_a_merged_attribution_keeps_covered_as_raw_where_every_part_does():
+    """``merge`` stacks ``raw`` once and gives it as ``covered`` too where every part's
+    two are one frame; a part whose two differ makes the stacked ones two frames, each
+    its parts' own values."""
+    from ttft.analysis.part import analyze_part, merge
+
+    alone = analyze_part(table(one_request()))
+    both = merge([alone, alone]).attribution
+    assert both.covered is both.raw and len(both.raw) == 2
+    rows = one_request() + [row(1, 14, "queue", 30, 45, parent=3)]
+    mixed = merge([alone, analyze_part(table(rows))]).attribution
+    assert mixed.covered is not mixed.raw
+    assert mixed.raw["queue"].tolist() == [15, 30]
+    assert mixed.covered["queue"].tolist() == [15, 20]
