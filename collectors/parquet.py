@@ -44,10 +44,16 @@ def trace_files(path: str | os.PathLike[str]) -> list[Path]:
     return [part for run in trace_runs(path) for part in run.parts]
 
 
+_AS_DICTIONARY = ["name"]
+"""Columns read as Arrow dictionaries (what their pages hold; ``conform`` then decodes
+them to the schema's type): a span name is one of a few dozen values, and Parquet's own
+dictionary read as one, then decoded, took 0.30 s in place of 0.76 s for 23.8M rows."""
+
+
 def _open_checked(file: Path) -> tuple[pq.ParquetFile, bytes]:
     """Open one trace file and check its footer: ttft metadata, version and columns."""
     try:
-        source = pq.ParquetFile(file)
+        source = pq.ParquetFile(file, read_dictionary=_AS_DICTIONARY)
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:  # a torn footer: UnicodeDecodeError
