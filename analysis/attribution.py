@@ -155,9 +155,9 @@ def attribute(asm: Assembly, boundary: str | None = None, policy: str = "exclusi
     every = 8 * int((~has).sum()) <= n_req
     counts = sp.counts if every else np.where(has, sp.counts, 0)
     a_in, b_in = (np.where(has, a, 0), np.where(has, b, 0)) if every else (a, b)
-    if policy == "exclusive" and col.compiled(len(sp.req)):
+    if col.compiled(len(sp.req)):
         # Compiled, one request at a time; the blocks take only the requests it leaves.
-        slow = _swept(sp, has, a, b, root, boundary, cut_lo, cut_hi, has_cut, out)
+        slow = _swept(sp, has, a, b, root, boundary, cut_lo, cut_hi, has_cut, out, policy)
         counts, a_in, b_in = np.where(slow, sp.counts, 0), a, b
     for ids, pos in iter_blocks(counts, sp.offsets):
         block = _Block(sp, ids, pos, a_in, b_in, root, boundary, cut_lo, cut_hi, has_cut)
@@ -212,11 +212,12 @@ _NAME_RANK = np.argsort(np.argsort(np.asarray(STAGE_NAMES)))
 """Each stage code's rank by stage name."""
 
 
-def _swept(sp, has, a, b, root, boundary, cut_lo, cut_hi, has_cut, out) -> np.ndarray:
-    """``exclusive`` parts of the requests with ``has`` by `_kernels.exclusive_sweep`, into
-    ``out``; returns the requests it left to the blocks (many spans, or an order only trace
-    ids decide)."""
+def _swept(sp, has, a, b, root, boundary, cut_lo, cut_hi, has_cut, out, policy) -> np.ndarray:
+    """``policy``'s parts of the requests with ``has`` by `_kernels.exclusive_sweep` or
+    `_policy_kernels.policy_sweep`, into ``out``; returns the requests it left to the
+    blocks (many spans, or an order only stage names or trace ids decide)."""
     from ttft.analysis._kernels import exclusive_sweep  # numba: only large tables need it
+    from ttft.analysis._policy_kernels import CRITICAL_PATH, SHARED, policy_sweep
 
     tables = np.stack([ELIGIBLE[boundary].astype(np.int64), _PRIO, _NAME_RANK.astype(np.int64)])
     codes = np.array([CODE[ROOT_ONLY_STAGE[boundary]], CODE["unattributed"],
@@ -227,9 +228,14 @@ def _swept(sp, has, a, b, root, boundary, cut_lo, cut_hi, has_cut, out) -> np.nd
         (sp.counts, np.int64), (sp.offsets, np.int64), (has, bool), (a, np.int64),
         (b, np.int64), (root, np.int64), (np.broadcast_to(has_cut, has.shape), bool),
         (cut_lo, np.int64), (cut_hi, np.int64))]
-    exclusive_sweep(*per_request, sp.stage, sp.client, sp.start_ns, sp.end_ns, sp.keep,
-                    sp.depth, sp.sid_hi, sp.sid_lo, tables, codes, out["att"], out["cov"],
-                    out["raw"], slow)
+    spans = (sp.stage, sp.client, sp.start_ns, sp.end_ns, sp.keep, sp.depth)
+    frames = (tables, codes, out["att"], out["cov"], out["raw"], slow)
+    if policy == "exclusive":
+        exclusive_sweep(*per_request, *spans, sp.sid_hi, sp.sid_lo, *frames)
+    else:
+        code = SHARED if policy == "shared" else CRITICAL_PATH
+        policy_sweep(code, *per_request, *spans, np.ascontiguousarray(sp.parent, np.int64),
+                     sp.sid_hi, sp.sid_lo, *frames)
     return slow
 
 

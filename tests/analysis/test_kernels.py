@@ -18,7 +18,7 @@ from ttft.analysis._column_arrays import int_attribute
 from ttft.analysis.assemble import assemble
 from ttft.analysis.attribution import attribute
 from ttft.collectors.synthetic import generate
-from ttft.tracer.schema import BOUNDARY_NAMES
+from ttft.tracer.schema import BOUNDARY_NAMES, POLICIES
 
 
 def _both(texts, rows, key, monkeypatch) -> tuple[list[int], list[int]]:
@@ -81,19 +81,21 @@ def _long_and_tied_requests() -> list[dict]:
     return rows
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("boundary", BOUNDARY_NAMES)
-def test_exclusive_sweep_equals_the_blocks(boundary):
-    """The compiled sweep against the blocks on a synthetic workload (with gpu copies and
-    several chunks per request) and on the requests it leaves to the blocks."""
+def test_compiled_sweeps_equal_the_blocks(boundary, policy):
+    """The compiled sweeps (``_kernels.exclusive_sweep``, ``_policy_kernels.policy_sweep``)
+    against the blocks on a synthetic workload (with gpu copies and several chunks per
+    request) and on the requests they leave to the blocks."""
     synthetic = generate(400, seed=3).table
     for tbl in (synthetic, pa.concat_tables([synthetic, table(_long_and_tied_requests())])):
         with pytest.MonkeyPatch.context() as patch:  # blocks, numba loaded or not
             patch.setattr(_column_arrays, "LOADED_KERNEL_ROWS", 2**62)
             asm = assemble(tbl)
-            want = attribute(asm, boundary, "exclusive")
+            want = attribute(asm, boundary, policy)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(_column_arrays, "KERNEL_ROWS", 1)
-            got = attribute(asm, boundary, "exclusive")
+            got = attribute(asm, boundary, policy)
         pd.testing.assert_frame_equal(got.requests, want.requests)
         for part in ("attributed", "covered", "raw"):
             pd.testing.assert_frame_equal(getattr(got, part), getattr(want, part))
