@@ -36,7 +36,8 @@ def policy_sweep(policy, counts, offsets, has, a, b, root, has_cut, cut_lo, cut_
     order = np.empty(MAX_SWEEP, np.int64)
     par = np.empty(MAX_SWEEP, np.int64)
     own = np.empty(MAX_SWEEP, np.int64)
-    work = np.empty((8, 2 * MAX_SWEEP + 2), np.int64)
+    work = np.empty((12, 2 * MAX_SWEEP + 2), np.int64)
+    flags = np.empty((3, MAX_SWEEP), np.bool_)
     for r in range(len(counts)):
         k = counts[r]
         if k == 0 or not has[r]:
@@ -55,7 +56,7 @@ def policy_sweep(policy, counts, offsets, has, a, b, root, has_cut, cut_lo, cut_
             uncovered = _shared(k, a[r], b[r], lo, hi, par, order, own, work)
         else:
             uncovered = _critical(k, a[r], b[r], lo, hi, inc, par, o, depth, sid_hi, sid_lo,
-                                  own, work)
+                                  own, work, flags)
             if uncovered < 0:
                 slow[r] = True
                 continue
@@ -94,30 +95,33 @@ def _shared(k, a, b, lo, hi, par, order, own, work) -> np.int64:
     ancestors goes)."""
     n = 2 * k + 2
     pts, by = _sorted_segments(k, a, b, lo, hi, order, par, work)
-    first, stop, up = work[3, :k], work[4, :k], work[5, :k]
-    below, mine = work[6, :k], work[7, :k]
+    stop, up, inv = work[4, :k], work[5, :k], work[2, :k]
+    below, mine, active = work[6, :k], work[7, :k], work[8, :k]
     below[:] = 0
     mine[:] = 0
+    active[:] = 0
     uncovered = np.int64(0)
+    m = 0  # active leaves
     for s in range(n - 1):
-        for q in range(k):  # columns stopping here, then starting here
-            if stop[q] == s and first[q] < s:
-                _count_up(q, up, below, k, -1)
-            elif first[q] == s and stop[q] > s:
-                _count_up(q, up, below, k, 1)
+        e = by[s]  # the one endpoint at this position: a column starts or stops here
+        if 1 <= e <= k:
+            q = inv[e - 1]
+            active[q] = 1
+            m += (below[q] == 0) - _count_up(q, up, below, active, k, 1)
+        elif k < e <= 2 * k:
+            q = inv[e - k - 1]
+            if stop[q] == s:
+                active[q] = 0
+                m -= (below[q] == 0) - _count_up(q, up, below, active, k, -1)
         length = pts[by[s + 1]] - pts[by[s]]
         if length == 0:
             continue
-        m = 0
-        for q in range(k):
-            if first[q] <= s < stop[q] and below[q] == 0:
-                m += 1
         if m == 0:
             uncovered += length
             continue
         base, rem = length // m, length % m
         for q in range(k - 1, -1, -1):  # the remainder to the highest leaves first
-            if first[q] <= s < stop[q] and below[q] == 0:
+            if active[q] and below[q] == 0:
                 mine[q] += base + (1 if rem > 0 else 0)
                 rem -= 1
     for q in range(k):
@@ -151,18 +155,25 @@ def _sorted_segments(k, a, b, lo, hi, order, par, work):
 
 
 @njit(cache=True, nogil=True)
-def _count_up(q, up, below, k, step) -> None:
-    """Add ``step`` to the active-descendant count of column ``q``'s ancestors."""
+def _count_up(q, up, below, active, k, step) -> int:
+    """Add ``step`` to the active-descendant count of column ``q``'s ancestors; returns how
+    many active ancestors stop being leaves by it (``step`` 1) or become leaves again
+    (``step`` -1)."""
+    changed = 0
     c = up[q]
     for _ in range(k):
         if c < 0:
             break
+        if active[c] and below[c] == (0 if step > 0 else 1):
+            changed += 1
         below[c] += step
         c = up[c]
+    return changed
 
 
 @njit(cache=True, nogil=True)
-def _critical(k, a, b, lo, hi, inc, par, o, depth, sid_hi, sid_lo, own, work) -> np.int64:
+def _critical(k, a, b, lo, hi, inc, par, o, depth, sid_hi, sid_lo, own, work, flags
+              ) -> np.int64:
     """``_critical.critical_path`` of one request: children clipped to their parents (the
     window for the virtual root, column ``k``) until nothing moves, live columns ranked by
     (end, start, span id), then ``_wide_kernels._walk_row``'s walk; ``own[:k]`` per column,
@@ -173,7 +184,7 @@ def _critical(k, a, b, lo, hi, inc, par, o, depth, sid_hi, sid_lo, own, work) ->
         vpar[j] = k if par[j] < 0 else par[j]
     ext_lo, ext_hi = _clipped_to_parents(k, a, b, lo, hi, vpar, work)
     clo, chi = ext_lo[:k], ext_hi[:k]
-    live = np.empty(k, np.bool_)
+    live = flags[0, :k]
     for j in range(k):
         live[j] = inc[j] and chi[j] > clo[j]
     ranked = work[5, :k]  # columns by ascending (end, start, span id)
@@ -189,9 +200,10 @@ def _critical(k, a, b, lo, hi, inc, par, o, depth, sid_hi, sid_lo, own, work) ->
     rank = work[6, :k]
     for q in range(k):
         rank[ranked[q]] = q
-    grouped, by_depth = _walk_orders(k, o, live, vpar, rank, depth)
-    walked = own[:k]
-    return (b - a) - _walk_row(vpar, live, clo, chi, grouped, by_depth, walked)
+    grouped, by_depth = work[7, :k], work[8, :k]
+    _walk_orders(k, o, live, vpar, rank, depth, grouped, by_depth)
+    return (b - a) - _walk_row(vpar, live, clo, chi, grouped, by_depth, own[:k], work[9],
+                               flags[1], flags[2], work[10])
 
 
 @njit(cache=True, nogil=True)
@@ -218,24 +230,21 @@ def _clipped_to_parents(k, a, b, lo, hi, vpar, work):
 
 
 @njit(cache=True, nogil=True)
-def _walk_orders(k, o, live, vpar, rank, depth):
-    """``_wide_kernels._walk_row``'s orders: the columns live first, then by parent, then
-    by rank; and by ascending depth (stable)."""
-    grouped = np.empty(k, np.int64)
+def _walk_orders(k, o, live, vpar, rank, depth, grouped, by_depth) -> None:
+    """``_wide_kernels._walk_row``'s orders, into ``grouped`` and ``by_depth``: the columns
+    live first, then by parent, then by rank; and by ascending depth (stable)."""
     for j in range(k):
         grouped[j] = j
         q = j
         while q > 0 and _grouped_before(grouped[q], grouped[q - 1], live, vpar, rank):
             grouped[q], grouped[q - 1] = grouped[q - 1], grouped[q]
             q -= 1
-    by_depth = np.empty(k, np.int64)
     for j in range(k):
         by_depth[j] = j
         q = j
         while q > 0 and depth[o + by_depth[q]] < depth[o + by_depth[q - 1]]:
             by_depth[q], by_depth[q - 1] = by_depth[q - 1], by_depth[q]
             q -= 1
-    return grouped, by_depth
 
 
 @njit(cache=True, nogil=True)

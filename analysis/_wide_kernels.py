@@ -174,12 +174,13 @@ def shared_wide(first, stop, parent, length):
 
 
 @njit(cache=True, nogil=True)
-def _walk_row(par, live, lo, hi, grouped, by_depth, own) -> np.int64:
+def _walk_row(par, live, lo, hi, grouped, by_depth, own, nxt, chain, on, child) -> np.int64:
     """`critical_walk` of one row: ``own`` per column; returns the ns of the virtual root's
-    children on the walk."""
+    children on the walk. ``nxt``, ``chain``, ``on`` (at least ``k`` long) and ``child``
+    (``k + 1``) are scratch, overwritten (a caller walking many rows allocates them once)."""
     k = len(par)
-    nxt = np.full(k, -1, np.int64)
-    chain = np.zeros(k, np.bool_)
+    nxt[:k] = -1
+    chain[:k] = False
     g = 0
     while g < k and live[grouped[g]]:  # groups of siblings, each by ascending rank
         e = g
@@ -201,14 +202,14 @@ def _walk_row(par, live, lo, hi, grouped, by_depth, own) -> np.int64:
             chain[x] = True
             x = nxt[x]
         g = e
-    on = chain.copy()  # on the path: on the chain, and so is every ancestor
+    on[:k] = chain[:k]  # on the path: on the chain, and so is every ancestor
     changed, passes = True, 0
     while changed and passes <= k:  # by depth, parents first: one pass, but any order holds
         changed, passes = False, passes + 1
         for x in by_depth:
             if on[x] and par[x] != k and not on[par[x]]:
                 on[x], changed = False, True
-    child = np.zeros(k + 1, np.int64)
+    child[:k + 1] = 0
     for x in range(k):
         if on[x]:
             child[par[x]] += hi[x] - lo[x]
@@ -229,7 +230,9 @@ def critical_walk(par, live, lo, hi, grouped, by_depth):
     n, k = par.shape
     own = np.zeros((n, k), np.int64)
     root_children = np.zeros(n, np.int64)
+    nxt, chain, on = np.empty(k, np.int64), np.empty(k, np.bool_), np.empty(k, np.bool_)
+    child = np.empty(k + 1, np.int64)
     for r in range(n):
         root_children[r] = _walk_row(par[r], live[r], lo[r], hi[r], grouped[r], by_depth[r],
-                                     own[r])
+                                     own[r], nxt, chain, on, child)
     return own, root_children
