@@ -234,7 +234,7 @@ def _swept(sp, has, a, b, root, boundary, cut_lo, cut_hi, has_cut, out, policy) 
         exclusive_sweep(*per_request, *spans, sp.sid_hi, sp.sid_lo, *frames)
     else:
         code = SHARED if policy == "shared" else CRITICAL_PATH
-        policy_sweep(code, *per_request, *spans, np.ascontiguousarray(sp.parent, np.int64),
+        policy_sweep(code, *per_request, *spans, np.ascontiguousarray(sp.parent),
                      sp.sid_hi, sp.sid_lo, *frames)
     return slow
 
