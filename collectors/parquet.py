@@ -50,14 +50,20 @@ them to the schema's type): a span name is one of a few dozen values, and Parque
 dictionary read as one, then decoded, took 0.30 s in place of 0.76 s for 23.8M rows."""
 
 
-def _open_checked(file: Path) -> tuple[pq.ParquetFile, bytes]:
-    """Open one trace file and check its footer: ttft metadata, version and columns."""
+def _parquet_file(file: Path, **options: Any) -> pq.ParquetFile:
+    """``pq.ParquetFile(file, **options)``, an unreadable file as `TraceFileError` (a
+    vanished one as `FileNotFoundError`, which a reader of a live run looks at again)."""
     try:
-        source = pq.ParquetFile(file)
+        return pq.ParquetFile(file, **options)
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:  # a torn footer: UnicodeDecodeError
         raise TraceFileError(file, f"not a readable Parquet file ({exc})") from exc
+
+
+def _open_checked(file: Path) -> tuple[pq.ParquetFile, bytes]:
+    """Open one trace file and check its footer: ttft metadata, version and columns."""
+    source = _parquet_file(file)
     try:
         try:
             raw = (source.metadata.metadata or {}).get(METADATA_KEY)
@@ -86,12 +92,7 @@ def _open_checked(file: Path) -> tuple[pq.ParquetFile, bytes]:
         wanted = [c for c in _AS_DICTIONARY if pa.types.is_string(schema.field(c).type)]
         if not wanted:
             return source, raw
-        try:
-            reading = pq.ParquetFile(file, metadata=source.metadata, read_dictionary=wanted)
-        except FileNotFoundError:
-            raise
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise TraceFileError(file, f"not a readable Parquet file ({exc})") from exc
+        reading = _parquet_file(file, metadata=source.metadata, read_dictionary=wanted)
     except BaseException:
         source.close()
         raise
